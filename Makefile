@@ -1,0 +1,52 @@
+# patchserve: each target sets up what it needs on a fresh machine.
+#   make serve   serving environment only (no torch), then the server on $PATCHSERVE_HOST:$PATCHSERVE_PORT
+#   make test    training + dev environment (torch 2.13.0 first), then the whole suite, every marker
+#   make models  retrain and re-export the committed models
+
+PYTHON ?= python3
+SERVE_VENV := .venv-serve
+DEV_VENV := .venv
+# onnxruntime for the CPU; `make serve ORT=gpu` installs onnxruntime-gpu instead (never both).
+ORT ?= cpu
+PIP_QUIET ?= -q
+
+.PHONY: serve test test-fast models lint clean
+
+$(SERVE_VENV)/.installed-$(ORT): pyproject.toml
+	$(PYTHON) -m venv $(SERVE_VENV)
+	$(SERVE_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
+	$(SERVE_VENV)/bin/pip uninstall -y -q onnxruntime onnxruntime-gpu >/dev/null 2>&1 || true
+	$(SERVE_VENV)/bin/pip install $(PIP_QUIET) -e '.[$(ORT)]'
+	rm -f $(SERVE_VENV)/.installed-*
+	touch $@
+
+$(DEV_VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(DEV_VENV)
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
+	# torch first, from the local CPU wheel: a bare `torch` requirement would pull a CUDA build.
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,dev]'
+	touch $@
+
+serve: $(SERVE_VENV)/.installed-$(ORT)
+	$(SERVE_VENV)/bin/python -m service
+
+# The whole suite, every marker (slow and docker included).
+test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu
+	$(DEV_VENV)/bin/ruff check .
+	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider
+
+# The fast subset (no slow or docker tests).
+test-fast: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/pytest
+
+models: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/python -m models.train_digits --out runs/vit-digits
+	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-digits/checkpoint.pt --to model_repository/vit-digits/1
+
+lint: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/ruff check .
+	$(DEV_VENV)/bin/ruff format --check .
+
+clean:
+	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache
