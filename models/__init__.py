@@ -1,0 +1,1 @@
+"""PyTorch model code: ViT, DETR, matcher, losses, datasets and training. Never imported by the server."""

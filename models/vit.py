@@ -1,0 +1,205 @@
+"""Vision Transformer (Dosovitskiy et al., "An Image is Worth 16x16 Words", ICLR 2021).
+
+Pre-norm, as in the paper's Eqs. 1-4::
+
+    z0 = [x_class; x_p^1 E; ...; x_p^N E] + E_pos          (1)
+    z'_l = MSA(LN(z_{l-1})) + z_{l-1}                      (2)
+    z_l = MLP(LN(z'_l)) + z'_l                             (3)
+    y = LN(z_L^0)                                          (4)
+
+followed by a linear head on the class token. The MLP is Linear -> GELU -> Linear with
+expansion ``mlp_ratio`` (4 in the paper). A block has 12 d^2 + 13 d parameters at ratio 4.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Hyper-parameters of a ViT (the paper's Table 1 names in brackets).
+
+    Attributes:
+        image_size: input height = width, in pixels.
+        patch_size: side of a square patch, in pixels; must divide ``image_size``.
+        in_channels: 1 (grayscale) or 3 (RGB).
+        num_classes: outputs of the head.
+        hidden_size: token width d [Hidden size D].
+        depth: number of encoder blocks [Layers].
+        num_heads: attention heads; must divide ``hidden_size`` [Heads].
+        mlp_ratio: MLP width / hidden_size [MLP size / D].
+        dropout: dropout after the embeddings, in attention and in the MLP (0 at inference).
+        position_embedding: learned 1-D position embeddings (off only for the ablation).
+        init: "timm": truncated normal (std 0.02) for linear layers, class token and position
+            embeddings (the ViT/DeiT practice); "torch": PyTorch's default layer initialisation
+            and N(0, 1) class token and position embeddings (the reference digits tutorial).
+    """
+
+    image_size: int = 224
+    patch_size: int = 16
+    in_channels: int = 3
+    num_classes: int = 1000
+    hidden_size: int = 768
+    depth: int = 12
+    num_heads: int = 12
+    mlp_ratio: float = 4.0
+    dropout: float = 0.0
+    position_embedding: bool = True
+    init: Literal["timm", "torch"] = "timm"
+
+    @property
+    def num_patches(self) -> int:
+        """N = (image_size / patch_size)^2."""
+        return (self.image_size // self.patch_size) ** 2
+
+    def __post_init__(self) -> None:
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch_size {self.patch_size} does not divide image_size {self.image_size}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads {self.num_heads} does not divide hidden_size {self.hidden_size}")
+
+
+CONFIGS: dict[str, ViTConfig] = {
+    # The reference digits model: 8x8 grayscale, 2x2 patches (16 tokens + class token).
+    "digits": ViTConfig(
+        image_size=8,
+        patch_size=2,
+        in_channels=1,
+        num_classes=10,
+        hidden_size=32,
+        depth=2,
+        num_heads=4,
+        init="torch",
+    ),
+    # The paper's Table 1 (Ti and S from DeiT, Touvron et al. 2021).
+    "vit-ti16": ViTConfig(hidden_size=192, depth=12, num_heads=3),
+    "vit-s16": ViTConfig(hidden_size=384, depth=12, num_heads=6),
+    "vit-b16": ViTConfig(hidden_size=768, depth=12, num_heads=12),
+}
+
+
+class Attention(nn.Module):
+    """Multi-head self-attention with a fused (q, k, v) projection.
+
+    The ``qkv`` weight (3d, d) stacks q, k, v in that order, the layout of
+    ``nn.MultiheadAttention.in_proj_weight``.
+    """
+
+    def __init__(self, hidden_size: int, num_heads: int, dropout: float = 0.0) -> None:
+        super().__init__()
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.qkv = nn.Linear(hidden_size, 3 * hidden_size)
+        self.proj = nn.Linear(hidden_size, hidden_size)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Args: x (B, T, d). Returns (B, T, d) and, if asked, the weights (B, heads, T, T)."""
+        B, T, d = x.shape
+        qkv = self.qkv(x).reshape(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
+        q, k, v = qkv[0], qkv[1], qkv[2]  # (B, heads, T, head_dim)
+        if return_attention:
+            weights = torch.softmax((q @ k.transpose(-2, -1)) * self.head_dim**-0.5, dim=-1)  # (B, heads, T, T)
+            out = F.dropout(weights, self.dropout, self.training) @ v
+        else:
+            weights = None
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        out = out.transpose(1, 2).reshape(B, T, d)  # (B, T, d)
+        return self.proj(out), weights
+
+
+class Block(nn.Module):
+    """One pre-norm encoder block: Eqs. (2) and (3)."""
+
+    def __init__(self, hidden_size: int, num_heads: int, mlp_ratio: float = 4.0, dropout: float = 0.0) -> None:
+        super().__init__()
+        mlp_size = int(hidden_size * mlp_ratio)
+        self.norm1 = nn.LayerNorm(hidden_size, eps=1e-6)
+        self.attn = Attention(hidden_size, num_heads, dropout)
+        self.norm2 = nn.LayerNorm(hidden_size, eps=1e-6)
+        self.fc1 = nn.Linear(hidden_size, mlp_size)
+        self.fc2 = nn.Linear(mlp_size, hidden_size)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Args: x (B, T, d). Returns (B, T, d) and the attention weights (B, heads, T, T) or None."""
+        attended, weights = self.attn(self.norm1(x), return_attention)
+        x = x + self.dropout(attended)
+        x = x + self.dropout(self.fc2(self.dropout(F.gelu(self.fc1(self.norm2(x))))))
+        return x, weights
+
+
+class ViT(nn.Module):
+    """The Vision Transformer classifier.
+
+    ``forward(images)`` takes float32 (B, C, H, W) with H = W = ``image_size`` and returns
+    logits (B, num_classes). ``forward(images, return_attention=True)`` also returns every
+    block's attention weights stacked, (B, depth, heads, N + 1, N + 1), token 0 the class token.
+    """
+
+    def __init__(self, config: ViTConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.patch_embed = nn.Conv2d(config.in_channels, d, kernel_size=config.patch_size, stride=config.patch_size)
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
+        self.pos_embed = nn.Parameter(torch.zeros(1, config.num_patches + 1, d)) if config.position_embedding else None
+        self.dropout = nn.Dropout(config.dropout)
+        self.blocks = nn.ModuleList(
+            Block(d, config.num_heads, config.mlp_ratio, config.dropout) for _ in range(config.depth)
+        )
+        self.norm = nn.LayerNorm(d, eps=1e-6)
+        self.head = nn.Linear(d, config.num_classes)
+        self._init_weights()
+
+    def _init_weights(self) -> None:
+        tokens = [self.cls_token] + ([self.pos_embed] if self.pos_embed is not None else [])
+        if self.config.init == "torch":  # layers keep PyTorch's defaults
+            for parameter in tokens:
+                nn.init.normal_(parameter, std=1.0)
+            return
+        for parameter in tokens:
+            nn.init.trunc_normal_(parameter, std=0.02)
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.trunc_normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+
+    def embed(self, images: torch.Tensor) -> torch.Tensor:
+        """Eq. (1): images (B, C, H, W) -> tokens (B, N + 1, d)."""
+        patches = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, d)
+        tokens = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, N + 1, d)
+        if self.pos_embed is not None:
+            tokens = tokens + self.pos_embed
+        return self.dropout(tokens)
+
+    def forward(
+        self, images: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        x = self.embed(images)
+        attentions = []
+        for block in self.blocks:
+            x, weights = block(x, return_attention)
+            attentions.append(weights)
+        logits = self.head(self.norm(x)[:, 0])  # Eq. (4) on the class token -> (B, num_classes)
+        if return_attention:
+            return logits, torch.stack(attentions, dim=1)  # (B, depth, heads, N + 1, N + 1)
+        return logits
+
+
+def build(name: str, **overrides: object) -> ViT:
+    """A ViT from a named config (``CONFIGS``), with fields overridden, e.g. ``num_classes=10``."""
+    if name not in CONFIGS:
+        raise ValueError(f"unknown ViT config {name!r}; known: {sorted(CONFIGS)}")
+    return ViT(replace(CONFIGS[name], **overrides))
+
+
+def config_dict(config: ViTConfig) -> dict[str, object]:
+    """The config as plain JSON-able values (for checkpoints)."""
+    return asdict(config)
