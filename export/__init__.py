@@ -1,0 +1,1 @@
+"""PyTorch -> ONNX: export, parity check, manifest writing, checkpoint import."""
