@@ -1,0 +1,1 @@
+"""patchserve: an inference server for vision transformers (ViT, DETR) on ONNX Runtime."""

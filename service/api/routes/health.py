@@ -1,0 +1,27 @@
+"""Liveness and readiness probes."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from service.api.deps import State
+from service.errors import Unavailable
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", summary="Liveness: 200 while the process serves")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get(
+    "/readyz",
+    summary="Readiness: 200 once every model is loaded and warmed up; 503 before and while draining",
+    responses={503: {"description": "Not ready; the problem's detail says why"}},
+)
+async def readyz(state: State) -> dict[str, str]:
+    reasons = state.not_ready_reasons()
+    if reasons:
+        raise Unavailable("not ready: " + "; ".join(reasons), retry_after=1)
+    return {"status": "ready"}

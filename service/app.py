@@ -1,0 +1,110 @@
+"""The app factory: ``create_app(settings)`` builds one worker's FastAPI application.
+
+Start-up validates every manifest before the server accepts a connection (a bad one stops
+start-up, naming the file and field), then loads the ONNX Runtime sessions and warms them up
+in the background while ``/healthz`` answers and ``/readyz`` says 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from service.api.routes import health, inference, models
+from service.batching import BatchingConfig
+from service.errors import RepositoryError, install_handlers
+from service.manifest import ManifestError, load_manifest
+from service.middleware import RequestIdMiddleware
+from service.repository import discover, load_repository
+from service.settings import Settings, load_settings
+from service.state import ServerState
+
+log = logging.getLogger(__name__)
+
+
+def validate_repository(settings: Settings) -> None:
+    """Check the repository layout and every manifest, without loading any graph.
+
+    Raises:
+        RepositoryError: the first problem found, naming the file and field.
+    """
+    for _, _, folder in discover(settings.model_repository):
+        try:
+            load_manifest(folder / "model.json")
+        except ManifestError as exc:
+            raise RepositoryError(str(exc)) from None
+
+
+def _load_and_warm_up(state: ServerState) -> None:
+    """Blocking: create every session and run each once per batch size. Sets ``state``."""
+    settings = state.settings
+    repository = load_repository(
+        settings.model_repository,
+        device=settings.device,
+        batching=BatchingConfig(settings.max_batch_size, settings.max_queue_delay, settings.queue_size),
+        intra_op_threads=settings.intra_op_threads,
+        inter_op_threads=settings.inter_op_threads,
+    )
+    for model in repository.all():
+        if model.runner.providers.ok:
+            model.warm_up()
+    state.repository = repository
+
+
+async def _start_models(state: ServerState) -> None:
+    try:
+        await asyncio.get_running_loop().run_in_executor(None, _load_and_warm_up, state)
+    except Exception as exc:  # a graph that will not load: stay alive, not ready, and say why
+        log.exception("loading the models failed")
+        state.startup_error = f"loading the models failed: {exc}"
+        return
+    for model in state.repository.all():
+        await model.batcher.start()
+    log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
+
+
+def create_app(settings: Settings) -> FastAPI:
+    """Build the application for ``settings``.
+
+    Raises:
+        RepositoryError: the model repository or a manifest is invalid.
+    """
+    validate_repository(settings)
+    decode_threads = settings.decode_threads or os.cpu_count() or 1
+    state = ServerState(settings, ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"))
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        loader = asyncio.create_task(_start_models(state))
+        yield
+        state.draining = True
+        await loader
+        if state.repository is not None:
+            for model in state.repository.all():
+                await model.batcher.stop()
+        state.decode_pool.shutdown(wait=False, cancel_futures=True)
+
+    app = FastAPI(
+        title="patchserve",
+        version="0.1.0",
+        description="Vision transformers (ViT classifiers, DETR detectors) on ONNX Runtime, with dynamic batching.",
+        lifespan=lifespan,
+    )
+    app.state.server = state
+    install_handlers(app)
+    app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(inference.router)
+    app.add_middleware(RequestIdMiddleware)
+    return app
+
+
+def build_app() -> FastAPI:
+    """Factory for ``uvicorn --factory``: settings from the environment."""
+    return create_app(load_settings())

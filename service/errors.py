@@ -1,0 +1,142 @@
+"""Domain exceptions and their one mapping to ``application/problem+json`` (RFC 9457).
+
+Core code raises these; :func:`install_handlers` turns them (and FastAPI's own validation and
+HTTP errors) into problem responses in one place. A 500 is only ever :class:`InferenceFailed`
+(a fault of ours) or an unexpected bug; bad input always maps to a 4xx.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "urn:patchserve:problem:"
+
+
+class RepositoryError(Exception):
+    """The model repository cannot be served (layout, manifest, graph); stops start-up."""
+
+
+class ProblemError(Exception):
+    """Base of every error that reaches a client. Subclasses fix ``status`` and ``title``."""
+
+    status: int = 500
+    title: str = "Internal error"
+    slug: str = "internal"
+
+    def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers or {}
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """The RFC 9457 body: ``type``, ``title``, ``status``, ``detail`` and ``instance``."""
+        problem: dict[str, Any] = {
+            "type": TYPE_BASE + self.slug,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            problem["instance"] = instance
+        return problem
+
+
+class BadRequest(ProblemError):
+    status, title, slug = 400, "Bad request", "bad-request"
+
+
+class Unauthorized(ProblemError):
+    status, title, slug = 401, "Unauthorized", "unauthorized"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+class ModelNotFound(ProblemError):
+    status, title, slug = 404, "Model not found", "model-not-found"
+
+
+class BodyTimeout(ProblemError):
+    status, title, slug = 408, "Request body not received in time", "body-timeout"
+
+
+class PayloadTooLarge(ProblemError):
+    status, title, slug = 413, "Payload too large", "payload-too-large"
+
+
+class InvalidImage(ProblemError):
+    status, title, slug = 415, "Not a decodable image", "invalid-image"
+
+
+class InvalidParameter(ProblemError):
+    status, title, slug = 422, "Invalid parameter", "invalid-parameter"
+
+
+class InferenceFailed(ProblemError):
+    status, title, slug = 500, "Inference failed", "inference-failed"
+
+
+class Unavailable(ProblemError):
+    """503 with ``Retry-After``: queue full, not ready, or draining."""
+
+    status, title, slug = 503, "Service unavailable", "unavailable"
+
+    def __init__(self, detail: str, *, retry_after: int = 1) -> None:
+        super().__init__(detail, headers={"Retry-After": str(retry_after)})
+
+
+class DeadlineExceeded(ProblemError):
+    status, title, slug = 504, "Deadline exceeded", "deadline-exceeded"
+
+
+def request_id(request: Request) -> str | None:
+    """The request's id as set by the request-id middleware (None outside a request)."""
+    return getattr(request.state, "request_id", None)
+
+
+def problem_response(error: ProblemError, instance: str | None = None) -> JSONResponse:
+    """A ``JSONResponse`` carrying ``error`` as problem+json, with its headers."""
+    return JSONResponse(
+        error.to_problem(instance), status_code=error.status, headers=error.headers, media_type=PROBLEM_MEDIA_TYPE
+    )
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err.get("loc", ()) if p not in ("query", "path", "header"))
+        parts.append(f"{where}: {err.get('msg')}")
+    return "; ".join(parts) or "invalid request"
+
+
+def install_handlers(app: FastAPI) -> None:
+    """Map domain errors, validation errors and HTTP errors to problem+json on ``app``."""
+
+    @app.exception_handler(ProblemError)
+    async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
+        return problem_response(exc, request_id(request))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem_response(InvalidParameter(_validation_detail(exc)), request_id(request))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error = ProblemError(str(exc.detail), headers=dict(exc.headers or {}))
+        error.status, error.slug = exc.status_code, f"http-{exc.status_code}"
+        error.title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+        return problem_response(error, request_id(request))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", extra={"request_id": request_id(request)})
+        return problem_response(ProblemError("an unexpected server error; see the server log"), request_id(request))

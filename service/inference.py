@@ -1,0 +1,128 @@
+"""The request path after the body is read: decode -> preprocess -> batch -> run -> post-process.
+
+Each image of a request goes through the steps on its own, so one bad image fails only itself;
+a request's images are submitted to the batcher together and may share a batch with other
+requests' images.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.batching import InferenceResult
+from service.errors import ProblemError
+from service.images import DecodedImage, decode_image
+from service.repository import ModelVersion
+
+
+@dataclass(frozen=True)
+class ImageOutcome:
+    """What happened to one image of a request: its result, or the problem that stopped it.
+
+    Attributes:
+        index: position in the request (0-based).
+        image: the decoded image (None if decoding failed).
+        result: the model's outputs for this image (None on error).
+        error: the problem to report for this image (None on success).
+        decode_seconds: time spent decoding and preprocessing, in seconds.
+    """
+
+    index: int
+    image: DecodedImage | None
+    result: InferenceResult | None
+    error: ProblemError | None
+    decode_seconds: float
+
+
+def _decode_and_preprocess(model: ModelVersion, data: bytes, max_pixels: int) -> tuple[DecodedImage, np.ndarray]:
+    """Blocking: runs in the decode thread pool. Returns the image and its (C, H, W) input."""
+    preprocessor = model.preprocessor
+    decoded = decode_image(
+        data, color_mode=preprocessor.spec.color_mode, max_pixels=max_pixels, draft_size=preprocessor.draft_size
+    )
+    return decoded, preprocessor(decoded.image)
+
+
+async def _one(model: ModelVersion, index: int, data: bytes, pool: Executor, max_pixels: int) -> ImageOutcome:
+    loop = asyncio.get_running_loop()
+    started = time.perf_counter()
+    try:
+        decoded, x = await loop.run_in_executor(pool, _decode_and_preprocess, model, data, max_pixels)
+    except ProblemError as exc:
+        return ImageOutcome(index, None, None, exc, time.perf_counter() - started)
+    decode_seconds = time.perf_counter() - started
+    try:
+        result = await model.batcher.submit(x)
+    except ProblemError as exc:
+        return ImageOutcome(index, decoded, None, exc, decode_seconds)
+    return ImageOutcome(index, decoded, result, None, decode_seconds)
+
+
+async def infer_images(
+    model: ModelVersion, payloads: list[bytes], *, pool: Executor, max_pixels: int
+) -> list[ImageOutcome]:
+    """Decode, preprocess and run every image of one request, concurrently.
+
+    Args:
+        model: the model version to run.
+        payloads: the image files' bytes, in request order.
+        pool: the decode thread pool.
+        max_pixels: the decoded-size limit (413 above it).
+
+    Returns:
+        One outcome per payload, in request order; errors are per image, never raised.
+    """
+    return list(await asyncio.gather(*(_one(model, i, data, pool, max_pixels) for i, data in enumerate(payloads))))
+
+
+def server_timing(outcomes: list[ImageOutcome]) -> str:
+    """The ``Server-Timing`` header value (W3C Server Timing): decode, queue and compute in ms.
+
+    With several images each figure is the largest among them (what the client waited for).
+    """
+    decode = max(o.decode_seconds for o in outcomes)
+    queue = max((o.result.queue_seconds for o in outcomes if o.result), default=0.0)
+    compute = max((o.result.compute_seconds for o in outcomes if o.result), default=0.0)
+    return f"decode;dur={decode * 1e3:.3f}, queue;dur={queue * 1e3:.3f}, compute;dur={compute * 1e3:.3f}"
+
+
+def response_body(
+    model: ModelVersion,
+    outcomes: list[ImageOutcome],
+    render: Callable[[ImageOutcome], dict[str, Any]],
+    *,
+    instance: str | None,
+) -> dict[str, Any]:
+    """The JSON body: one image's response, or ``{"results": [...]}`` for several.
+
+    Args:
+        render: builds the task-specific fields (``predictions`` or ``detections``) of one
+            successful outcome.
+
+    Raises:
+        ProblemError: a single-image request whose image failed (its own status code).
+    """
+
+    def one(outcome: ImageOutcome) -> dict[str, Any]:
+        if outcome.error is not None:
+            return outcome.error.to_problem(instance)
+        assert outcome.image is not None and outcome.result is not None
+        return {
+            "model": model.name,
+            "version": str(model.version),
+            "image": {"width": outcome.image.width, "height": outcome.image.height},
+            **render(outcome),
+        }
+
+    if len(outcomes) == 1:
+        if outcomes[0].error is not None:
+            raise outcomes[0].error
+        return one(outcomes[0])
+    return {"results": [one(o) for o in outcomes]}

@@ -1,0 +1,149 @@
+"""The model manifest: everything the server needs to know about a model, beside its graph.
+
+``model_repository/<name>/<version>/model.json`` is written by ``export/`` and validated here
+on load. Unknown fields and missing required ones are start-up errors that name the file and
+the field. Fields added after schema version 1 must be optional with defaults, so committed
+manifests keep loading.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+SCHEMA_VERSION = 1
+
+
+class ManifestError(Exception):
+    """A manifest could not be read or validated; the message names the file and the field."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """The graph's image input.
+
+    ``shape`` is (B, C, H, W) with a symbolic (string) batch axis; H and W are integers for a
+    fixed-size model or strings where the graph accepts any size.
+    """
+
+    name: str
+    dtype: Literal["float32", "float16"] = "float32"
+    shape: list[int | str] = Field(min_length=4, max_length=4)
+
+    @model_validator(mode="after")
+    def _batch_axis_symbolic(self) -> TensorSpec:
+        if not isinstance(self.shape[0], str):
+            raise ValueError("shape[0] must be a symbolic batch axis such as 'batch'")
+        if not isinstance(self.shape[1], int) or self.shape[1] not in (1, 3):
+            raise ValueError("shape[1] must be 1 (grayscale) or 3 (RGB) channels")
+        return self
+
+
+class Size(_Strict):
+    """A size in pixels."""
+
+    height: int = Field(gt=0)
+    width: int = Field(gt=0)
+
+
+class Preprocessing(_Strict):
+    """How a decoded image becomes the model's input tensor.
+
+    Resize policies (the image is first converted to ``color_mode``):
+
+    * ``stretch``: resize to ``size`` exactly, ignoring the aspect ratio (the Hugging Face
+      ``ViTImageProcessor`` policy). Output (C, size.height, size.width).
+
+    Then ``x = (pixel * scale - mean[c]) / std[c]`` per channel, float32, channels first.
+    """
+
+    color_mode: Literal["L", "RGB"]
+    resize: Literal["stretch"] = "stretch"
+    size: Size
+    interpolation: Literal["nearest", "bilinear", "bicubic", "box", "hamming", "lanczos"] = "bilinear"
+    scale: float = Field(1 / 255, gt=0)
+    mean: list[float]
+    std: list[float]
+
+    @model_validator(mode="after")
+    def _per_channel(self) -> Preprocessing:
+        channels = 1 if self.color_mode == "L" else 3
+        if len(self.mean) != channels or len(self.std) != channels:
+            raise ValueError(f"mean and std need {channels} value(s) for color_mode {self.color_mode!r}")
+        if any(s <= 0 for s in self.std):
+            raise ValueError("std values must be > 0")
+        return self
+
+
+class ExportInfo(_Strict):
+    """How the graph was made and how closely it matches PyTorch."""
+
+    exporter: str
+    opset: int
+    torch_version: str
+    parity_max_abs_diff: dict[str, float] = Field(
+        description="Max |ORT - PyTorch| over the outputs, by batch size (as a string key)."
+    )
+
+
+class Provenance(_Strict):
+    """Where the weights came from and what they measured on held-out data."""
+
+    training_data: str
+    recipe: str = Field(description="The command that trained the checkpoint.")
+    metrics: dict[str, float] = Field(description="Measured on the test split, e.g. {'test_accuracy': 0.97}.")
+    export: ExportInfo
+    notes: str = ""
+
+
+class Manifest(_Strict):
+    """``model.json``: the contract between ``export/`` and ``service/``."""
+
+    schema_version: Literal[1]
+    task: Literal["classification", "detection"]
+    description: str = ""
+    input: TensorSpec
+    outputs: list[str] = Field(min_length=1)
+    preprocessing: Preprocessing
+    labels: list[str] = Field(
+        min_length=1, description="Index -> name; detection lists the no-object class last, as DETR does."
+    )
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Manifest:
+        channels = 1 if self.preprocessing.color_mode == "L" else 3
+        if self.input.shape[1] != channels:
+            raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
+        return self
+
+
+def load_manifest(path: Path) -> Manifest:
+    """Read and validate one ``model.json``.
+
+    Raises:
+        ManifestError: unreadable JSON or an invalid manifest; the message names ``path`` and
+            every offending field (``preprocessing.mean: ...``).
+    """
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ManifestError(f"{path}: cannot read manifest: {exc}") from None
+    try:
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in exc.errors()
+        )
+        raise ManifestError(f"{path}: invalid manifest: {problems}") from None
+
+
+def write_manifest(manifest: Manifest, path: Path) -> None:
+    """Write ``manifest`` as indented JSON (used by ``export/``)."""
+    path.write_text(manifest.model_dump_json(indent=2) + "\n")

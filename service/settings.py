@@ -1,0 +1,79 @@
+"""The server's one configuration class, read from ``PATCHSERVE_*`` environment variables.
+
+Only the app factory (:func:`service.app.create_app`) and the entry point read it; everything
+below them takes plain values, so tests build apps with settings of their own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+ENV_PREFIX = "PATCHSERVE_"
+
+
+class Settings(BaseSettings):
+    """Server settings. Every field is read from ``PATCHSERVE_<FIELD>`` (upper case).
+
+    Times are in seconds, sizes in bytes or pixels. Batching values are defaults that a
+    model's manifest may override (its ``batching`` section).
+    """
+
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+
+    model_repository: Path = Field(Path("model_repository"), description="Folder of <name>/<version>/ models.")
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
+    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes; one per GPU.")
+    device: Literal["auto", "cuda", "cpu"] = Field(
+        "auto", description="auto: CUDA when the session really gets it, else CPU."
+    )
+
+    max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch sent to one model run.")
+    max_queue_delay: float = Field(
+        0.002, ge=0.0, le=10.0, description="Seconds the oldest queued request may wait for a batch to fill."
+    )
+    queue_size: int = Field(256, ge=1, description="Requests a model version may hold queued; more -> 503.")
+    request_timeout: float = Field(30.0, gt=0.0, description="Seconds from arrival to a request's deadline.")
+
+    max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
+    max_image_pixels: int = Field(
+        40_000_000, ge=64, description="Largest image (width x height, from its header) decoded (413)."
+    )
+    max_images_per_request: int = Field(32, ge=1, description="Most images in one request (400).")
+
+    intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: ORT's default).")
+    inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: ORT's default).")
+    decode_threads: int = Field(0, ge=0, description="Threads decoding images (0: one per core).")
+
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="Comma-separated bearer tokens; empty: no authentication."
+    )
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _split_keys(cls, value: object) -> object:
+        if isinstance(value, str):
+            return [key.strip() for key in value.split(",") if key.strip()]
+        return value
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read settings from the environment (and ``overrides``).
+
+    Raises:
+        SystemExit: a value is invalid; the message names each offending ``PATCHSERVE_*``
+            variable and why, so a bad deployment stops at start-up, not at the first request.
+    """
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        lines = []
+        for error in exc.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            lines.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {error.get('input')!r})")
+        raise SystemExit("invalid settings:\n  " + "\n  ".join(lines)) from None

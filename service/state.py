@@ -1,0 +1,38 @@
+"""What one worker process holds while it serves: settings, models, the decode pool."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from service.repository import ModelRepository
+from service.settings import Settings
+
+
+@dataclass
+class ServerState:
+    """The per-process state the routes reach through ``request.app.state.server``.
+
+    Attributes:
+        settings: the validated settings.
+        decode_pool: threads that decode and preprocess images.
+        repository: the loaded models (None until start-up has loaded them).
+        draining: set when shutdown begins; readiness turns 503 at once.
+        startup_error: why loading failed, if it did.
+    """
+
+    settings: Settings
+    decode_pool: ThreadPoolExecutor
+    repository: ModelRepository | None = None
+    draining: bool = False
+    startup_error: str = ""
+
+    def not_ready_reasons(self) -> list[str]:
+        """Why the server is not ready; empty when it is."""
+        if self.startup_error:
+            return [self.startup_error]
+        if self.draining:
+            return ["the server is draining (shutting down)"]
+        if self.repository is None:
+            return ["models are still loading"]
+        return [f"{m.name}/{m.version}: {m.not_ready_reason}" for m in self.repository.all() if not m.ready]
