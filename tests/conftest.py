@@ -1,0 +1,122 @@
+"""Shared fixtures: settings, in-process apps, real server processes, test images."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import socket
+import subprocess
+import time
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from PIL import Image
+
+ROOT = Path(__file__).resolve().parents[1]
+MODEL_REPOSITORY = ROOT / "model_repository"
+SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+def png_bytes(pixels: np.ndarray) -> bytes:
+    """uint8 (H, W) or (H, W, 3) -> PNG file bytes."""
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def make_settings(**overrides: object):
+    """Settings for tests: the committed repository, CPU, no environment variables read."""
+    from service.settings import Settings
+
+    values = {"model_repository": MODEL_REPOSITORY, "device": "cpu", "decode_threads": 2, **overrides}
+    return Settings(**values)
+
+
+@asynccontextmanager
+async def running_app(settings=None, **overrides: object) -> AsyncIterator[httpx.AsyncClient]:
+    """An in-process app with its lifespan running, ready, and an httpx client bound to it."""
+    from service.app import create_app
+
+    app = create_app(settings or make_settings(**overrides))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(500):
+                if (await client.get("/readyz")).status_code == 200:
+                    break
+                await asyncio.sleep(0.01)
+            else:
+                raise RuntimeError("app never became ready: " + (await client.get("/readyz")).text)
+            client.app = app  # type: ignore[attr-defined]
+            yield client
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def server_process(
+    python: Path = SERVE_PYTHON, env: dict[str, str] | None = None, ready_timeout: float = 60.0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real server (``python -m service``) on a free loopback port; yields (base URL, process)."""
+    if not python.exists():
+        pytest.fail(f"{python} missing: `make test` builds the serving environment first")
+    port = free_port()
+    full_env = {
+        **os.environ,
+        "PATCHSERVE_HOST": "127.0.0.1",
+        "PATCHSERVE_PORT": str(port),
+        "PATCHSERVE_MODEL_REPOSITORY": str(MODEL_REPOSITORY),
+        "PATCHSERVE_DEVICE": "cpu",
+        **(env or {}),
+    }
+    process = subprocess.Popen(
+        [str(python), "-m", "service"],
+        cwd=ROOT,
+        env=full_env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()}")
+            try:
+                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        else:
+            raise RuntimeError("server not ready in time")
+        yield url, process
+    finally:
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@pytest.fixture(scope="session")
+def digits_test_split():
+    from models.datasets import load_digits_splits
+
+    return load_digits_splits()[1]

@@ -1,0 +1,78 @@
+"""The ViT of Dosovitskiy et al.: parameter counts and equivalence with PyTorch's encoder layer."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from models.vit import CONFIGS, Block, ViT, build
+
+
+def count(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+@pytest.mark.parametrize(("d", "expected"), [(32, 12_704), (768, 7_087_872)])
+def test_block_parameters_are_12d2_plus_13d(d: int, expected: int) -> None:
+    assert 12 * d * d + 13 * d == expected
+    assert count(Block(d, num_heads=4)) == expected
+
+
+def test_vit_b16_has_86_567_656_parameters() -> None:
+    assert count(build("vit-b16", num_classes=1000)) == 86_567_656
+
+
+@pytest.mark.parametrize("name", ["digits", "vit-ti16"])
+def test_forward_shapes(name: str) -> None:
+    config = CONFIGS[name]
+    model = ViT(config).eval()
+    x = torch.randn(3, config.in_channels, config.image_size, config.image_size)
+    logits, attention = model(x, return_attention=True)
+    tokens = config.num_patches + 1
+    assert logits.shape == (3, config.num_classes)
+    assert attention.shape == (3, config.depth, config.num_heads, tokens, tokens)
+    assert torch.allclose(attention.sum(-1), torch.ones(()), atol=1e-5)  # rows are distributions
+    assert torch.allclose(model(x), logits, atol=1e-5)  # the fused-attention path agrees
+
+
+def test_block_equals_transformer_encoder_layer() -> None:
+    torch.manual_seed(0)
+    d, heads = 32, 4
+    block = Block(d, heads).eval()
+    for p in block.parameters():  # non-trivial values everywhere, biases and norms included
+        nn.init.normal_(p, std=0.2)
+    layer = nn.TransformerEncoderLayer(
+        d,
+        heads,
+        dim_feedforward=4 * d,
+        dropout=0.0,
+        activation="gelu",
+        norm_first=True,
+        batch_first=True,
+        layer_norm_eps=1e-6,
+    ).eval()
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(block.attn.qkv.weight)
+        layer.self_attn.in_proj_bias.copy_(block.attn.qkv.bias)
+        layer.self_attn.out_proj.weight.copy_(block.attn.proj.weight)
+        layer.self_attn.out_proj.bias.copy_(block.attn.proj.bias)
+        layer.linear1.weight.copy_(block.fc1.weight)
+        layer.linear1.bias.copy_(block.fc1.bias)
+        layer.linear2.weight.copy_(block.fc2.weight)
+        layer.linear2.bias.copy_(block.fc2.bias)
+        for ours, theirs in ((block.norm1, layer.norm1), (block.norm2, layer.norm2)):
+            theirs.weight.copy_(ours.weight)
+            theirs.bias.copy_(ours.bias)
+        x = torch.randn(5, 17, d)
+        expected = layer(x)
+        got, _ = block(x)
+        got_explicit, _ = block(x, return_attention=True)
+    assert (got - expected).abs().max().item() <= 1e-6
+    assert (got_explicit - expected).abs().max().item() <= 1e-6
+
+
+def test_position_embedding_can_be_switched_off() -> None:
+    model = build("digits", position_embedding=False)
+    assert model.pos_embed is None
+    assert count(build("digits")) - count(model) == (CONFIGS["digits"].num_patches + 1) * 32

@@ -1,0 +1,83 @@
+"""Manifest and settings validation: bad values stop start-up with a message that names them."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from service.manifest import ManifestError, load_manifest
+from service.settings import load_settings
+from tests.conftest import MODEL_REPOSITORY, ROOT
+
+COMMITTED = MODEL_REPOSITORY / "vit-digits" / "1" / "model.json"
+
+
+def broken_repository(tmp_path, edit) -> tuple:
+    folder = tmp_path / "repo" / "vit-digits" / "1"
+    shutil.copytree(COMMITTED.parent, folder)
+    data = json.loads(COMMITTED.read_text())
+    edit(data)
+    (folder / "model.json").write_text(json.dumps(data))
+    return tmp_path / "repo", folder / "model.json"
+
+
+def test_committed_manifest_loads() -> None:
+    manifest = load_manifest(COMMITTED)
+    assert manifest.task == "classification" and manifest.input.shape[0] == "batch"
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [
+        (lambda d: d.pop("task"), "task"),
+        (lambda d: d["preprocessing"].update(colour="L"), "preprocessing.colour"),
+        (lambda d: d["preprocessing"].update(mean=[0.1, 0.2]), "preprocessing"),
+        (lambda d: d["input"].update(shape=[1, 1, 8, 8]), "input"),
+        (lambda d: d.update(schema_version=99), "schema_version"),
+    ],
+)
+def test_invalid_manifest_names_file_and_field(tmp_path, edit, field: str) -> None:
+    _, path = broken_repository(tmp_path, edit)
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(path)
+    assert str(path) in str(caught.value) and field in str(caught.value)
+
+
+def run_server(env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "service"],
+        cwd=ROOT,
+        env={**os.environ, "PATCHSERVE_PORT": "0", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_server_with_a_bad_manifest_does_not_start(tmp_path) -> None:
+    repo, path = broken_repository(tmp_path, lambda d: d["preprocessing"].pop("std"))
+    result = run_server({"PATCHSERVE_MODEL_REPOSITORY": str(repo)})
+    assert result.returncode == 2
+    assert str(path) in result.stderr and "preprocessing.std" in result.stderr
+
+
+def test_server_with_a_bad_setting_names_the_variable() -> None:
+    result = run_server({"PATCHSERVE_MAX_BATCH_SIZE": "0"})
+    assert result.returncode != 0
+    assert "PATCHSERVE_MAX_BATCH_SIZE" in result.stderr
+
+
+def test_settings_read_the_environment(monkeypatch) -> None:
+    monkeypatch.setenv("PATCHSERVE_PORT", "9001")
+    monkeypatch.setenv("PATCHSERVE_API_KEYS", "a, b")
+    monkeypatch.setenv("PATCHSERVE_DEVICE", "cpu")
+    settings = load_settings()
+    assert settings.port == 9001 and settings.api_keys == ["a", "b"] and settings.device == "cpu"
+    monkeypatch.setenv("PATCHSERVE_DEVICE", "tpu")
+    with pytest.raises(SystemExit, match="PATCHSERVE_DEVICE"):
+        load_settings()
