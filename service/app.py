@@ -16,10 +16,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.api.routes import health, inference, models
+from service.api.routes import health, inference, metrics, models
 from service.batching import BatchingConfig
 from service.errors import RepositoryError, install_handlers
 from service.manifest import ManifestError, load_manifest
+from service.metrics import MODEL_INFO
 from service.middleware import RequestIdMiddleware
 from service.repository import discover, load_repository
 from service.settings import Settings, load_settings
@@ -66,6 +67,7 @@ async def _start_models(state: ServerState) -> None:
         return
     for model in state.repository.all():
         await model.batcher.start()
+        MODEL_INFO.labels(model.name, str(model.version), model.manifest.task, model.runner.providers.primary).set(1)
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
 
 
@@ -101,6 +103,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(health.router)
     app.include_router(models.router)
     app.include_router(inference.router)
+    app.include_router(metrics.router)
     app.add_middleware(RequestIdMiddleware)
     return app
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service import metrics
 from service.errors import InferenceFailed, Unavailable
 
 log = logging.getLogger(__name__)
@@ -71,15 +72,19 @@ class Batcher:
         run: the model, ``(B, C, H, W) float32 -> {output name: (B, ...)}``; blocking, called
             from this batcher's own thread.
         config: the batching knobs.
-        name: for logs and thread names.
+        model, version: the model version it serves (metric labels, logs, thread names).
     """
 
-    def __init__(self, run: RunFn, config: BatchingConfig, *, name: str = "model") -> None:
+    def __init__(self, run: RunFn, config: BatchingConfig, *, model: str = "model", version: str = "1") -> None:
         self._run = run
         self.config = config
-        self.name = name
+        self.name = f"{model}/{version}"
+        self._queue_depth = metrics.QUEUE_DEPTH.labels(model, version)
+        self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
+        self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
+        self._batch_size = metrics.BATCH_SIZE.labels(model, version)
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=config.queue_size)
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{name}")
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}")
         self._task: asyncio.Task[None] | None = None
         self._carry: _Pending | None = None  # first input of the next batch (a different shape)
 
@@ -100,6 +105,7 @@ class Batcher:
                 await self._task
         while not self._queue.empty():
             pending = self._queue.get_nowait()
+            self._queue_depth.dec()
             if not pending.future.done():
                 pending.future.set_exception(Unavailable("the server is shutting down"))
         self._executor.shutdown(wait=True)
@@ -117,19 +123,30 @@ class Batcher:
         future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
         try:
             self._queue.put_nowait(_Pending(x, future, time.perf_counter()))
+            self._queue_depth.inc()
         except asyncio.QueueFull:
             raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size})") from None
         return await future
 
+    async def _get(self, timeout: float | None) -> _Pending:
+        if timeout is None:
+            item = await self._queue.get()
+        elif timeout <= 0:
+            item = self._queue.get_nowait()
+        else:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        self._queue_depth.dec()
+        return item
+
     async def _next_batch(self) -> list[_Pending]:
-        first = self._carry or await self._queue.get()
+        first = self._carry or await self._get(None)
         self._carry = None
         batch = [first]
         release_at = first.enqueued + self.config.max_queue_delay
         while len(batch) < self.config.max_batch_size:
             timeout = release_at - time.perf_counter()
             try:
-                item = self._queue.get_nowait() if timeout <= 0 else await asyncio.wait_for(self._queue.get(), timeout)
+                item = await self._get(timeout)
             except (asyncio.QueueEmpty, TimeoutError):
                 break
             if item.x.shape != first.x.shape:
@@ -158,7 +175,10 @@ class Batcher:
                         p.future.set_exception(InferenceFailed(f"the model run failed for this batch: {exc}"))
                 continue
             compute = time.perf_counter() - started
+            self._compute_duration.observe(compute)
+            self._batch_size.observe(len(batch))
             for i, p in enumerate(batch):
+                self._queue_duration.observe(started - p.enqueued)
                 if not p.future.done():
                     row = {name: value[i] for name, value in outputs.items()}
                     p.future.set_result(InferenceResult(row, started - p.enqueued, compute, len(batch)))

@@ -31,6 +31,7 @@ class ProblemError(Exception):
     status: int = 500
     title: str = "Internal error"
     slug: str = "internal"
+    outcome: str = "error"  # the patchserve_requests_total outcome label
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(detail)
@@ -51,34 +52,34 @@ class ProblemError(Exception):
 
 
 class BadRequest(ProblemError):
-    status, title, slug = 400, "Bad request", "bad-request"
+    status, title, slug, outcome = 400, "Bad request", "bad-request", "client_error"
 
 
 class Unauthorized(ProblemError):
-    status, title, slug = 401, "Unauthorized", "unauthorized"
+    status, title, slug, outcome = 401, "Unauthorized", "unauthorized", "client_error"
 
     def __init__(self, detail: str) -> None:
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
 
 
 class ModelNotFound(ProblemError):
-    status, title, slug = 404, "Model not found", "model-not-found"
+    status, title, slug, outcome = 404, "Model not found", "model-not-found", "client_error"
 
 
 class BodyTimeout(ProblemError):
-    status, title, slug = 408, "Request body not received in time", "body-timeout"
+    status, title, slug, outcome = 408, "Request body not received in time", "body-timeout", "client_error"
 
 
 class PayloadTooLarge(ProblemError):
-    status, title, slug = 413, "Payload too large", "payload-too-large"
+    status, title, slug, outcome = 413, "Payload too large", "payload-too-large", "client_error"
 
 
 class InvalidImage(ProblemError):
-    status, title, slug = 415, "Not a decodable image", "invalid-image"
+    status, title, slug, outcome = 415, "Not a decodable image", "invalid-image", "client_error"
 
 
 class InvalidParameter(ProblemError):
-    status, title, slug = 422, "Invalid parameter", "invalid-parameter"
+    status, title, slug, outcome = 422, "Invalid parameter", "invalid-parameter", "client_error"
 
 
 class InferenceFailed(ProblemError):
@@ -88,14 +89,14 @@ class InferenceFailed(ProblemError):
 class Unavailable(ProblemError):
     """503 with ``Retry-After``: queue full, not ready, or draining."""
 
-    status, title, slug = 503, "Service unavailable", "unavailable"
+    status, title, slug, outcome = 503, "Service unavailable", "unavailable", "rejected"
 
     def __init__(self, detail: str, *, retry_after: int = 1) -> None:
         super().__init__(detail, headers={"Retry-After": str(retry_after)})
 
 
 class DeadlineExceeded(ProblemError):
-    status, title, slug = 504, "Deadline exceeded", "deadline-exceeded"
+    status, title, slug, outcome = 504, "Deadline exceeded", "deadline-exceeded", "timeout"
 
 
 def request_id(request: Request) -> str | None:

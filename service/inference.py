@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from service import metrics
 from service.batching import InferenceResult
 from service.errors import ProblemError
 from service.images import DecodedImage, decode_image
@@ -58,6 +59,7 @@ async def _one(model: ModelVersion, index: int, data: bytes, pool: Executor, max
     except ProblemError as exc:
         return ImageOutcome(index, None, None, exc, time.perf_counter() - started)
     decode_seconds = time.perf_counter() - started
+    metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
     try:
         result = await model.batcher.submit(x)
     except ProblemError as exc:

@@ -167,7 +167,7 @@ def load_repository(
             intra_op_threads=intra_op_threads,
             inter_op_threads=inter_op_threads,
         )
-        batcher = Batcher(runner.run, batching, name=f"{name}/{version}")
+        batcher = Batcher(runner.run, batching, model=name, version=str(version))
         repository.models.setdefault(name, {})[version] = ModelVersion(
             name, version, folder, manifest, runner, Preprocessor(manifest.preprocessing), batcher
         )

@@ -131,3 +131,35 @@ def test_importing_and_building_the_app_never_imports_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def sample(text: str, name: str, **labels: str) -> float:
+    """The value of one series in Prometheus text format (0 if absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+    return 0.0
+
+
+async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_label() -> None:
+    async with running_app() as client:
+        before = (await client.get("/metrics")).text
+        await client.post(CLASSIFY, files={"image": DIGIT_7})
+        await client.post(CLASSIFY, files={"image": b"junk"})
+        await client.post("/v1/models/made-up-1/classify", files={"image": DIGIT_7})
+        await client.post("/v1/models/made-up-2/classify", files={"image": DIGIT_7})
+        after = (await client.get("/metrics")).text
+    name = "patchserve_requests_total"
+
+    def delta(**labels: str) -> float:
+        return sample(after, name, **labels) - sample(before, name, **labels)
+
+    assert delta(model="vit-digits", version="1", outcome="success") == 1
+    assert delta(model="vit-digits", version="1", outcome="client_error") == 1
+    assert delta(model="_unknown", outcome="client_error") == 2
+    assert "made-up" not in after
+    assert sample(after, "patchserve_model_info", model="vit-digits", version="1", provider="CPUExecutionProvider") == 1
+    assert sample(after, "patchserve_batch_size_count", model="vit-digits") >= 1

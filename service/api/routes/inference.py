@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from service import postprocess
+from service import metrics, postprocess
 from service.api.deps import Repository, State
 from service.api.responses import JSON
 from service.api.uploads import OPENAPI_IMAGE_BODY, read_images
-from service.errors import BadRequest, request_id
+from service.errors import BadRequest, ProblemError, request_id
 from service.inference import ImageOutcome, infer_images, response_body, server_timing
-from service.repository import ModelVersion
+from service.repository import ModelRepository, ModelVersion
 
 router = APIRouter(prefix="/v1/models", tags=["inference"])
 
 Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^\d{1,9}$")]
+Render = Callable[[ModelVersion], Callable[[ImageOutcome], dict[str, Any]]]
 
 
 def _require_task(model: ModelVersion, task: str) -> None:
@@ -27,12 +30,33 @@ def _require_task(model: ModelVersion, task: str) -> None:
         )
 
 
-async def _run(request: Request, state: State, model: ModelVersion) -> list[ImageOutcome]:
-    settings = state.settings
-    payloads = await read_images(
-        request, max_body_bytes=settings.max_body_bytes, max_images=settings.max_images_per_request
-    )
-    return await infer_images(model, payloads, pool=state.decode_pool, max_pixels=settings.max_image_pixels)
+async def _serve(
+    request: Request,
+    state: State,
+    repository: ModelRepository,
+    name: str,
+    version: str | None,
+    task: str,
+    render: Render,
+) -> Response:
+    """Look the model up, read the images, run them, render the body; count the outcome."""
+    started = time.perf_counter()
+    labels = (metrics.UNKNOWN_MODEL, "")
+    try:
+        model = repository.get(name, version)
+        labels = (model.name, str(model.version))
+        _require_task(model, task)
+        settings = state.settings
+        payloads = await read_images(
+            request, max_body_bytes=settings.max_body_bytes, max_images=settings.max_images_per_request
+        )
+        outcomes = await infer_images(model, payloads, pool=state.decode_pool, max_pixels=settings.max_image_pixels)
+        body = response_body(model, outcomes, render(model), instance=request_id(request))
+    except ProblemError as exc:
+        metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
+        raise
+    metrics.observe_request(*labels, "success", time.perf_counter() - started)
+    return JSON(body, headers={"Server-Timing": server_timing(outcomes)})
 
 
 @router.post(
@@ -49,14 +73,8 @@ async def classify(
     top_k: Annotated[int, Query(ge=1, description="How many classes to return; clamped to the label count")] = 5,
     version: Version = None,
 ) -> Response:
-    model = repository.get(name, version)
-    _require_task(model, "classification")
-    outcomes = await _run(request, state, model)
-    labels = model.manifest.labels
+    def render(model: ModelVersion) -> Callable[[ImageOutcome], dict[str, Any]]:
+        logits_name, labels = model.manifest.outputs[0], model.manifest.labels
+        return lambda outcome: {"predictions": postprocess.classify(outcome.result.outputs[logits_name], labels, top_k)}
 
-    def render(outcome: ImageOutcome) -> dict[str, Any]:
-        logits = outcome.result.outputs[model.manifest.outputs[0]]  # (num_classes,)
-        return {"predictions": postprocess.classify(logits, labels, top_k)}
-
-    body = response_body(model, outcomes, render, instance=request_id(request))
-    return JSON(body, headers={"Server-Timing": server_timing(outcomes)})
+    return await _serve(request, state, repository, name, version, "classification", render)

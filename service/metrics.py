@@ -1,0 +1,63 @@
+"""Prometheus metrics (DESIGN.md, "Metrics"): base units, ``{model, version}`` labels.
+
+Requests for unknown models are labelled ``model="_unknown"`` so bad input cannot create
+unbounded series. Every series name and label set is defined here, once.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+UNKNOWN_MODEL = "_unknown"
+OUTCOMES = ("success", "client_error", "rejected", "timeout", "cancelled", "error")
+
+# Seconds: from 0.5 ms (a tiny model on an idle CPU) to 30 s (the default request timeout).
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+_BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+REQUESTS = Counter("patchserve_requests", "Inference requests answered, by outcome.", ["model", "version", "outcome"])
+REQUEST_DURATION = Histogram(
+    "patchserve_request_duration_seconds",
+    "Inference request duration, body read to response.",
+    ["model", "version"],
+    buckets=_LATENCY_BUCKETS,
+)
+DECODE_DURATION = Histogram(
+    "patchserve_decode_duration_seconds",
+    "Decoding and preprocessing one image.",
+    ["model", "version"],
+    buckets=_LATENCY_BUCKETS,
+)
+QUEUE_DURATION = Histogram(
+    "patchserve_queue_duration_seconds",
+    "Time an image waited in the batcher's queue.",
+    ["model", "version"],
+    buckets=_LATENCY_BUCKETS,
+)
+COMPUTE_DURATION = Histogram(
+    "patchserve_compute_duration_seconds",
+    "One model run (one batch).",
+    ["model", "version"],
+    buckets=_LATENCY_BUCKETS,
+)
+BATCH_SIZE = Histogram("patchserve_batch_size", "Images per model run.", ["model", "version"], buckets=_BATCH_BUCKETS)
+QUEUE_DEPTH = Gauge(
+    "patchserve_queue_depth",
+    "Images waiting in the batcher's queue.",
+    ["model", "version"],
+    multiprocess_mode="livesum",
+)
+MODEL_INFO = Gauge(
+    "patchserve_model_info",
+    "1 for each loaded model version, with its task and execution provider.",
+    ["model", "version", "task", "provider"],
+    multiprocess_mode="max",
+)
+
+
+def observe_request(model: str, version: str, outcome: str, seconds: float | None) -> None:
+    """Count one answered inference request and, if it was timed, its duration in seconds."""
+    assert outcome in OUTCOMES, outcome
+    REQUESTS.labels(model, version, outcome).inc()
+    if seconds is not None:
+        REQUEST_DURATION.labels(model, version).observe(seconds)
