@@ -1,44 +1,121 @@
 """Dynamic batching: concurrent requests for one model version share one ONNX Runtime call.
 
-The interface the rest of the server uses is :class:`Batcher`: ``await submit(x)`` returns
-this input's row of every output. This module holds a simple implementation (size and delay
-only); the full one (idle fast path, deadlines, cancellation) replaces it behind the same
-interface.
+One :class:`Batcher` per model version and worker process. ``await submit(x, deadline=...)``
+queues one input and returns its row of every output. The batching loop runs one batch at a
+time, and each turn of it is these steps, in this order:
+
+    collect -> drop expired/cancelled -> stack -> run -> check/split -> answer
+
+**Collect.** The oldest queued request leads the next batch; queued requests of its shape join
+it, oldest first, up to ``max_batch_size``. The batch is released, and the reason recorded
+(``patchserve_batches_total{reason}`` and a debug log line), when
+
+* ``size``:  it holds ``max_batch_size`` inputs;
+* ``delay``: its oldest request has waited ``max_queue_delay`` seconds (Triton's
+  ``max_queue_delay``, counted from the oldest request);
+* ``idle``:  at once, when the runner is idle and this lone request is all that is queued: a
+  request at low load never waits out the delay (the idle fast path). Two or more queued
+  requests mean requests are arriving together, and then waiting up to the delay fills the
+  batch.
+
+Inputs of different shapes never share a batch. Each batch is led by the oldest queued request,
+so a request of another shape waits only for batches led by requests older than itself.
+
+**Drop.** The queue is bounded (``queue_size``; one more is refused at once with 503 and
+``Retry-After``). Every request has a deadline (``request_timeout`` after it arrived, or sooner
+if the request asked): a request still queued at its deadline is answered 504 there and then,
+even while the runner is busy, and frees its place. A request whose caller was cancelled (its
+client disconnected) frees its place at once. Neither is ever computed: the last check before
+stacking drops whatever expired or was cancelled in between.
+
+**Stack, run, check/split, answer.** Inputs are stacked into one (B, C, H, W) array, run in one
+call of the model in this batcher's own thread, and every output is checked to have one row per
+input before it is split back. A batch whose run raises, or whose outputs have the wrong number
+of rows, fails its own requests with a 500 that says so, and the loop goes on to the next batch.
+If the loop itself ever dies, every queued request is answered, ``running`` turns False (and
+``/readyz`` with it), and later requests are refused with 503.
+
+Times are seconds on an injectable :class:`Clock`, so tests drive the loop without waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dataclasses
+import functools
 import logging
 import time
-from collections.abc import Callable
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from service import metrics
-from service.errors import InferenceFailed, Unavailable
+from service.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
 log = logging.getLogger(__name__)
 
-RunFn = Callable[[np.ndarray], dict[str, np.ndarray]]
+RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
+SIZE, DELAY, IDLE = metrics.RELEASE_REASONS
+
+
+class Timer(Protocol):
+    """A scheduled callback that can be called off."""
+
+    def cancel(self) -> None: ...
+
+
+class Clock(Protocol):
+    """Where the batcher reads the time (seconds) and schedules its timers."""
+
+    def now(self) -> float: ...
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer: ...
+
+
+class MonotonicClock:
+    """``time.monotonic()`` seconds; timers run on the running event loop."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
+        return asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), callback)
 
 
 @dataclass(frozen=True)
 class BatchingConfig:
-    """Batching knobs for one model version (Triton's dynamic-batcher names).
+    """Batching knobs for one model version (Triton's dynamic-batcher names, in seconds).
 
     Attributes:
-        max_batch_size: most inputs in one run.
-        max_queue_delay: seconds the oldest queued input may wait for the batch to fill.
-        queue_size: most inputs waiting; one more is refused with 503.
+        max_batch_size: most inputs in one model run.
+        max_queue_delay: seconds the oldest queued input may wait for its batch to fill.
+        queue_size: most inputs waiting; one more is refused with 503 and ``Retry-After``.
+        request_timeout: seconds from a request's arrival to its deadline; a request may ask
+            for less, never more. Still queued at its deadline: 504, never computed.
+
+    Raises:
+        ValueError: a value out of range (``max_batch_size`` or ``queue_size`` < 1,
+            ``max_queue_delay`` < 0, ``request_timeout`` <= 0).
     """
 
     max_batch_size: int
     max_queue_delay: float
     queue_size: int
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.queue_size < 1:
+            raise ValueError(f"max_batch_size and queue_size must be >= 1 (got {self})")
+        if self.max_queue_delay < 0 or self.request_timeout <= 0:
+            raise ValueError(f"max_queue_delay must be >= 0 and request_timeout > 0 (got {self})")
+
+    def override(self, **values: float | int | None) -> BatchingConfig:
+        """A copy with every value that is not None replaced (a manifest's ``batching`` section)."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
 
 
 @dataclass(frozen=True)
@@ -58,127 +135,319 @@ class InferenceResult:
     batch_size: int
 
 
-@dataclass
-class _Pending:
-    x: np.ndarray
+@dataclass(eq=False)
+class _Request:
+    x: np.ndarray  # (C, H, W)
     future: asyncio.Future[InferenceResult]
     enqueued: float
+    deadline: float
+    queued: bool = True  # holds a place in the queue: not yet taken into a batch, expired or cancelled
+    timer: Timer | None = None
+
+    @property
+    def shape(self) -> tuple[tuple[int, ...], str]:
+        return self.x.shape, self.x.dtype.str
+
+    @property
+    def waiting(self) -> bool:
+        return self.queued and not self.future.done()
+
+
+class BatchOutputMismatch(Exception):
+    """The model returned no outputs, or an output without one row per input."""
+
+
+def stack_inputs(inputs: Sequence[np.ndarray]) -> np.ndarray:
+    """Build one batch: B arrays (C, H, W) of one shape and dtype -> one array (B, C, H, W).
+
+    The one place a batch's input array is made (the place to write into a preallocated buffer).
+    """
+    return np.stack(inputs)
+
+
+def split_outputs(outputs: Mapping[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:
+    """Check that every output has one row per input, then split them into per-input rows.
+
+    Args:
+        outputs: each output by name, batch axis first (B, ...).
+        batch_size: B, the number of inputs that were run.
+
+    Returns:
+        ``batch_size`` dicts, input i's row of every output (views, batch axis removed).
+
+    Raises:
+        BatchOutputMismatch: no outputs, or an output whose first axis is not ``batch_size``.
+    """
+    if not outputs:
+        raise BatchOutputMismatch("the model returned no outputs")
+    for name, value in outputs.items():
+        rows = value.shape[0] if getattr(value, "ndim", 0) >= 1 else None
+        if rows != batch_size:
+            raise BatchOutputMismatch(f"output {name!r} has {rows} rows for a batch of {batch_size} inputs")
+    return [{name: value[i] for name, value in outputs.items()} for i in range(batch_size)]
 
 
 class Batcher:
-    """Collects inputs of one shape into batches and runs them one at a time.
+    """Collects inputs of one shape into batches and runs them one batch at a time.
 
     Args:
         run: the model, ``(B, C, H, W) float32 -> {output name: (B, ...)}``; blocking, called
             from this batcher's own thread.
         config: the batching knobs.
         model, version: the model version it serves (metric labels, logs, thread names).
+        clock: the time source and timers (tests inject a manual one).
     """
 
-    def __init__(self, run: RunFn, config: BatchingConfig, *, model: str = "model", version: str = "1") -> None:
+    def __init__(
+        self,
+        run: RunFn,
+        config: BatchingConfig,
+        *,
+        model: str = "model",
+        version: str = "1",
+        clock: Clock | None = None,
+    ) -> None:
         self._run = run
         self.config = config
+        self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
         self._queue_depth = metrics.QUEUE_DEPTH.labels(model, version)
         self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
         self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
         self._batch_size = metrics.BATCH_SIZE.labels(model, version)
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(maxsize=config.queue_size)
+        self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
+        self._queue: deque[_Request] = deque()  # arrival order; answered requests are purged lazily
+        self._queued = 0  # requests holding a place in the queue
+        self._in_flight: list[_Request] = []
+        self._wake = asyncio.Event()  # set on every change that can make a batch due
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}")
         self._task: asyncio.Task[None] | None = None
-        self._carry: _Pending | None = None  # first input of the next batch (a different shape)
 
     @property
     def running(self) -> bool:
         """True while the batching loop is alive."""
         return self._task is not None and not self._task.done()
 
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch (each holds one of ``queue_size`` places)."""
+        return self._queued
+
+    def deadline(self, timeout: float | None = None) -> float:
+        """The deadline, on this batcher's clock, of a request arriving now.
+
+        Args:
+            timeout: seconds the request asked for; it may only shorten ``request_timeout``
+                (None: ``request_timeout``).
+        """
+        limit = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
+        return self.clock.now() + limit
+
     async def start(self) -> None:
         """Start the batching loop on the running event loop."""
-        self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
+        if not self.running:
+            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def stop(self) -> None:
-        """Stop the loop; inputs still queued are answered with 503."""
+        """Stop the loop; requests still queued or running are answered with 503."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-        while not self._queue.empty():
-            pending = self._queue.get_nowait()
-            self._queue_depth.dec()
-            if not pending.future.done():
-                pending.future.set_exception(Unavailable("the server is shutting down"))
-        self._executor.shutdown(wait=True)
+            await asyncio.wait({self._task})
+            if not self._task.cancelled() and self._task.exception() is not None:
+                log.warning("model %s: the batching loop had died: %r", self.name, self._task.exception())
+        await asyncio.to_thread(self._executor.shutdown, wait=True)  # a run in progress ends on its own
 
-    async def submit(self, x: np.ndarray) -> InferenceResult:
-        """Queue one input and wait for its result.
+    async def submit(self, x: np.ndarray, *, deadline: float | None = None) -> InferenceResult:
+        """Queue one input and wait for its row of the batch's outputs.
+
+        Cancelling the caller (the client disconnected) takes the input out of the queue: it is
+        never computed, and its place is free at once.
 
         Args:
             x: float32 array (C, H, W).
+            deadline: when the request expires, on ``self.clock`` (see :meth:`deadline`);
+                None: ``request_timeout`` from now.
 
         Raises:
-            Unavailable: the queue is full (503 with Retry-After).
-            InferenceFailed: the batch's run raised or returned the wrong number of rows.
+            Unavailable: the queue is full, or the batching loop is not running (503, Retry-After).
+            DeadlineExceeded: the deadline passed before a batch took the input (504).
+            InferenceFailed: the batch's run raised or returned the wrong number of rows (500).
         """
-        future: asyncio.Future[InferenceResult] = asyncio.get_running_loop().create_future()
+        if not self.running:
+            raise Unavailable(f"model {self.name}: its batching loop is not running; see /readyz")
+        now = self.clock.now()
+        deadline = now + self.config.request_timeout if deadline is None else deadline
+        if now >= deadline:
+            raise DeadlineExceeded(f"model {self.name}: the request's deadline passed before it was queued")
+        if self._queued >= self.config.queue_size:
+            raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size} waiting); retry shortly")
+        request = _Request(x, asyncio.get_running_loop().create_future(), now, deadline)
+        request.timer = self.clock.call_at(deadline, functools.partial(self._expire, request))
+        self._queue.append(request)
+        self._queued += 1
+        self._queue_depth.inc()
+        self._wake.set()
         try:
-            self._queue.put_nowait(_Pending(x, future, time.perf_counter()))
-            self._queue_depth.inc()
-        except asyncio.QueueFull:
-            raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size})") from None
-        return await future
+            return await request.future
+        finally:
+            request.timer.cancel()
+            if request.queued:  # cancelled while it waited
+                self._leave_queue(request)
+                self._wake.set()
 
-    async def _get(self, timeout: float | None) -> _Pending:
-        if timeout is None:
-            item = await self._queue.get()
-        elif timeout <= 0:
-            item = self._queue.get_nowait()
-        else:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        self._queue_depth.dec()
-        return item
-
-    async def _next_batch(self) -> list[_Pending]:
-        first = self._carry or await self._get(None)
-        self._carry = None
-        batch = [first]
-        release_at = first.enqueued + self.config.max_queue_delay
-        while len(batch) < self.config.max_batch_size:
-            timeout = release_at - time.perf_counter()
-            try:
-                item = await self._get(timeout)
-            except (asyncio.QueueEmpty, TimeoutError):
-                break
-            if item.x.shape != first.x.shape:
-                self._carry = item  # inputs of different shapes never share a batch
-                break
-            batch.append(item)
-        return batch
+    # The loop: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
     async def _loop(self) -> None:
         loop = asyncio.get_running_loop()
+        stopped_by: ProblemError = Unavailable(f"model {self.name}: the server is shutting down")
+        try:
+            while True:
+                batch, reason = await self._collect()
+                batch = self._drop_expired_and_cancelled(batch)
+                if not batch:
+                    continue
+                self._record_release(batch, reason)
+                self._in_flight = batch
+                started = self.clock.now()
+                try:
+                    inputs = stack_inputs([request.x for request in batch])  # (B, C, H, W)
+                    outputs = await loop.run_in_executor(self._executor, self._run, inputs)
+                    rows = split_outputs(outputs, len(batch))
+                except Exception as exc:  # this batch fails alone; the loop goes on
+                    self._fail(batch, exc)
+                else:
+                    self._answer(batch, rows, started, self.clock.now() - started)
+                self._in_flight = []
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.critical("model %s: the batching loop died; the model is not ready", self.name, exc_info=exc)
+            stopped_by = InferenceFailed(f"model {self.name}: the batching loop died while this batch ran: {exc!r}")
+            raise
+        finally:
+            self._answer_everyone_left(stopped_by)
+
+    async def _collect(self) -> tuple[list[_Request], str]:
+        """Wait until a batch is due; take its requests out of the queue. Returns (batch, reason)."""
         while True:
-            batch = [p for p in await self._next_batch() if not p.future.done()]
-            if not batch:
-                continue
-            started = time.perf_counter()
+            if len(self._queue) > self._queued:  # forget requests taken, expired or cancelled
+                self._queue = deque(request for request in self._queue if request.queued)
+            batch = self._head_batch()
+            reason = self._release_reason(batch) if batch else None
+            if reason is not None:
+                for request in batch:
+                    self._leave_queue(request)
+                return batch, reason
+            timer = None
+            if batch:  # wake up when its oldest request has waited max_queue_delay
+                timer = self.clock.call_at(batch[0].enqueued + self.config.max_queue_delay, self._wake.set)
+            self._wake.clear()
             try:
-                stacked = np.stack([p.x for p in batch])  # (B, C, H, W)
-                outputs = await loop.run_in_executor(self._executor, self._run, stacked)
-                for name, value in outputs.items():
-                    if value.shape[0] != len(batch):
-                        raise RuntimeError(f"output {name!r} has {value.shape[0]} rows for {len(batch)} inputs")
-            except Exception as exc:
-                log.exception("model %s: batch of %d failed", self.name, len(batch))
-                for p in batch:
-                    if not p.future.done():
-                        p.future.set_exception(InferenceFailed(f"the model run failed for this batch: {exc}"))
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def _head_batch(self) -> list[_Request]:
+        """The oldest waiting request and the waiting requests of its shape, oldest first, up to max_batch_size."""
+        batch: list[_Request] = []
+        for request in self._queue:
+            if not request.waiting:
+                if request.queued:  # cancelled, and its submit has not run its cleanup yet
+                    self._leave_queue(request)
                 continue
-            compute = time.perf_counter() - started
-            self._compute_duration.observe(compute)
-            self._batch_size.observe(len(batch))
-            for i, p in enumerate(batch):
-                self._queue_duration.observe(started - p.enqueued)
-                if not p.future.done():
-                    row = {name: value[i] for name, value in outputs.items()}
-                    p.future.set_result(InferenceResult(row, started - p.enqueued, compute, len(batch)))
+            if not batch or request.shape == batch[0].shape:
+                batch.append(request)
+                if len(batch) == self.config.max_batch_size:
+                    break
+        return batch
+
+    def _release_reason(self, batch: list[_Request]) -> str | None:
+        """Why ``batch`` should leave now (size, delay or idle), or None to keep waiting."""
+        if len(batch) >= self.config.max_batch_size:
+            return SIZE
+        if self.clock.now() >= batch[0].enqueued + self.config.max_queue_delay:
+            return DELAY
+        if self._queued == 1:  # we are collecting, so the runner is idle, and this is all there is
+            return IDLE
+        return None
+
+    def _drop_expired_and_cancelled(self, batch: list[_Request]) -> list[_Request]:
+        """The last check before compute: a request cancelled or past its deadline is never run."""
+        now = self.clock.now()
+        kept = []
+        for request in batch:
+            if request.future.done():  # the client went away (or it was answered already)
+                continue
+            if now >= request.deadline:
+                request.future.set_exception(self._deadline_exceeded(request, now))
+                continue
+            kept.append(request)
+        if len(kept) < len(batch):
+            log.debug("model %s: dropped %d expired or cancelled request(s)", self.name, len(batch) - len(kept))
+        return kept
+
+    def _record_release(self, batch: list[_Request], reason: str) -> None:
+        self._released[reason].inc()
+        self._batch_size.observe(len(batch))
+        if log.isEnabledFor(logging.DEBUG):
+            waited = self.clock.now() - batch[0].enqueued
+            log.debug(
+                "model %s: batch of %d released (%s); its oldest request waited %.3f ms, %d still queued",
+                self.name, len(batch), reason, waited * 1e3, self._queued,
+            )  # fmt: skip
+
+    def _answer(self, batch: list[_Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
+        self._compute_duration.observe(compute)
+        for request, row in zip(batch, rows, strict=True):
+            queued_for = started - request.enqueued
+            self._queue_duration.observe(queued_for)
+            if not request.future.done():
+                request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
+
+    def _fail(self, batch: list[_Request], exc: Exception) -> None:
+        if isinstance(exc, BatchOutputMismatch):
+            detail = f"model {self.name} returned outputs that do not match its batch of {len(batch)}: {exc}"
+        else:
+            detail = f"model {self.name}: the run failed for this batch of {len(batch)}: {type(exc).__name__}: {exc}"
+        log.error("%s", detail, exc_info=exc)
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(InferenceFailed(detail))
+
+    # Queue bookkeeping, deadlines, and the end of the loop.
+
+    def _leave_queue(self, request: _Request) -> None:
+        """Give back the request's place in the queue (once)."""
+        if request.queued:
+            request.queued = False
+            self._queued -= 1
+            self._queue_depth.dec()
+
+    def _expire(self, request: _Request) -> None:
+        """The deadline timer: a request still queued is answered 504 now and leaves the queue."""
+        if not request.waiting:
+            return
+        self._leave_queue(request)
+        request.future.set_exception(self._deadline_exceeded(request, self.clock.now()))
+        self._wake.set()
+
+    def _deadline_exceeded(self, request: _Request, now: float) -> DeadlineExceeded:
+        waited = now - request.enqueued
+        return DeadlineExceeded(
+            f"model {self.name}: the request's deadline passed after {waited:.3f} s in the queue, before a batch ran it"
+        )
+
+    def _answer_everyone_left(self, in_flight_error: ProblemError) -> None:
+        """The loop is ending: answer the batch it was running and every queued request."""
+        for request in self._in_flight:
+            if not request.future.done():
+                request.future.set_exception(in_flight_error)
+        self._in_flight = []
+        for request in self._queue:
+            self._leave_queue(request)
+            if not request.future.done():
+                request.future.set_exception(
+                    Unavailable(f"model {self.name}: its batching loop stopped before this request ran; see /readyz")
+                )
+        self._queue.clear()

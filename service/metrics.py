@@ -10,6 +10,7 @@ from prometheus_client import Counter, Gauge, Histogram
 
 UNKNOWN_MODEL = "_unknown"
 OUTCOMES = ("success", "client_error", "rejected", "timeout", "cancelled", "error")
+RELEASE_REASONS = ("size", "delay", "idle")  # why a batch left the queue (service/batching.py)
 
 # Seconds: from 0.5 ms (a tiny model on an idle CPU) to 30 s (the default request timeout).
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
@@ -39,6 +40,11 @@ COMPUTE_DURATION = Histogram(
     "One model run (one batch).",
     ["model", "version"],
     buckets=_LATENCY_BUCKETS,
+)
+BATCHES = Counter(
+    "patchserve_batches",
+    "Batches released to the model, by why they left the queue: size, delay or idle.",
+    ["model", "version", "reason"],
 )
 BATCH_SIZE = Histogram("patchserve_batch_size", "Images per model run.", ["model", "version"], buckets=_BATCH_BUCKETS)
 QUEUE_DEPTH = Gauge(
