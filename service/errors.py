@@ -82,6 +82,12 @@ class InvalidParameter(ProblemError):
     status, title, slug, outcome = 422, "Invalid parameter", "invalid-parameter", "client_error"
 
 
+class ClientDisconnected(ProblemError):
+    """The client went away before its response was ready (nginx's 499); nobody reads this answer."""
+
+    status, title, slug, outcome = 499, "Client closed request", "client-closed-request", "cancelled"
+
+
 class InferenceFailed(ProblemError):
     status, title, slug = 500, "Inference failed", "inference-failed"
 

@@ -51,7 +51,9 @@ def _decode_and_preprocess(model: ModelVersion, data: bytes, max_pixels: int) ->
     return decoded, preprocessor(decoded.image)
 
 
-async def _one(model: ModelVersion, index: int, data: bytes, pool: Executor, max_pixels: int) -> ImageOutcome:
+async def _one(
+    model: ModelVersion, index: int, data: bytes, pool: Executor, max_pixels: int, deadline: float | None
+) -> ImageOutcome:
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     try:
@@ -61,14 +63,14 @@ async def _one(model: ModelVersion, index: int, data: bytes, pool: Executor, max
     decode_seconds = time.perf_counter() - started
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
     try:
-        result = await model.batcher.submit(x)
+        result = await model.batcher.submit(x, deadline=deadline)
     except ProblemError as exc:
         return ImageOutcome(index, decoded, None, exc, decode_seconds)
     return ImageOutcome(index, decoded, result, None, decode_seconds)
 
 
 async def infer_images(
-    model: ModelVersion, payloads: list[bytes], *, pool: Executor, max_pixels: int
+    model: ModelVersion, payloads: list[bytes], *, pool: Executor, max_pixels: int, deadline: float | None = None
 ) -> list[ImageOutcome]:
     """Decode, preprocess and run every image of one request, concurrently.
 
@@ -77,11 +79,16 @@ async def infer_images(
         payloads: the image files' bytes, in request order.
         pool: the decode thread pool.
         max_pixels: the decoded-size limit (413 above it).
+        deadline: when the request expires, on the batcher's clock (``model.batcher.deadline()``);
+            an image still queued then gets a 504. None: the model's ``request_timeout`` from
+            when each image is queued.
 
     Returns:
         One outcome per payload, in request order; errors are per image, never raised.
     """
-    return list(await asyncio.gather(*(_one(model, i, data, pool, max_pixels) for i, data in enumerate(payloads))))
+    return list(
+        await asyncio.gather(*(_one(model, i, data, pool, max_pixels, deadline) for i, data in enumerate(payloads)))
+    )
 
 
 def server_timing(outcomes: list[ImageOutcome]) -> str:

@@ -37,7 +37,11 @@ class Settings(BaseSettings):
         0.002, ge=0.0, le=10.0, description="Seconds the oldest queued request may wait for a batch to fill."
     )
     queue_size: int = Field(256, ge=1, description="Requests a model version may hold queued; more -> 503.")
-    request_timeout: float = Field(30.0, gt=0.0, description="Seconds from arrival to a request's deadline.")
+    request_timeout: float = Field(
+        30.0,
+        gt=0.0,
+        description="Seconds from arrival to a request's deadline (504 if still queued); a request may ask for less.",
+    )
 
     max_body_bytes: int = Field(20 * 1024 * 1024, ge=1024, description="Largest request body accepted (413).")
     max_image_pixels: int = Field(

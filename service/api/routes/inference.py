@@ -6,17 +6,19 @@ import time
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from service import metrics, postprocess
 from service.api.deps import Repository, State
+from service.api.lifetime import requested_timeout, unless_disconnected
 from service.api.responses import JSON
 from service.api.uploads import OPENAPI_IMAGE_BODY, read_images
 from service.errors import BadRequest, ProblemError, request_id
 from service.inference import ImageOutcome, infer_images, response_body, server_timing
 from service.repository import ModelRepository, ModelVersion
 
-router = APIRouter(prefix="/v1/models", tags=["inference"])
+# Every inference route takes `?timeout=` / `X-Request-Timeout` (seconds, may only shorten request_timeout).
+router = APIRouter(prefix="/v1/models", tags=["inference"], dependencies=[Depends(requested_timeout)])
 
 Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^\d{1,9}$")]
 Render = Callable[[ModelVersion], Callable[[ImageOutcome], dict[str, Any]]]
@@ -39,18 +41,28 @@ async def _serve(
     task: str,
     render: Render,
 ) -> Response:
-    """Look the model up, read the images, run them, render the body; count the outcome."""
+    """Look the model up, read the images, run them, render the body; count the outcome.
+
+    The request's deadline is set on arrival; once its body is read, a client that disconnects
+    cancels the work (its queued images are dropped) and is counted as ``cancelled``.
+    """
     started = time.perf_counter()
     labels = (metrics.UNKNOWN_MODEL, "")
     try:
         model = repository.get(name, version)
         labels = (model.name, str(model.version))
+        deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         _require_task(model, task)
         settings = state.settings
         payloads = await read_images(
             request, max_body_bytes=settings.max_body_bytes, max_images=settings.max_images_per_request
         )
-        outcomes = await infer_images(model, payloads, pool=state.decode_pool, max_pixels=settings.max_image_pixels)
+        outcomes = await unless_disconnected(
+            request,
+            infer_images(
+                model, payloads, pool=state.decode_pool, max_pixels=settings.max_image_pixels, deadline=deadline
+            ),
+        )
         body = response_body(model, outcomes, render(model), instance=request_id(request))
     except ProblemError as exc:
         metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
