@@ -48,7 +48,9 @@ def _load_and_warm_up(state: ServerState) -> None:
     repository = load_repository(
         settings.model_repository,
         device=settings.device,
-        batching=BatchingConfig(settings.max_batch_size, settings.max_queue_delay, settings.queue_size),
+        batching=BatchingConfig(
+            settings.max_batch_size, settings.max_queue_delay, settings.queue_size, settings.request_timeout
+        ),
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
     )

@@ -102,6 +102,18 @@ class Provenance(_Strict):
     notes: str = ""
 
 
+class Batching(_Strict):
+    """Per-model overrides of the server's batching settings; an omitted value keeps the setting.
+
+    Same names, units (seconds) and bounds as the ``PATCHSERVE_*`` settings of the same name.
+    """
+
+    max_batch_size: int | None = Field(None, ge=1, le=1024)
+    max_queue_delay: float | None = Field(None, ge=0.0, le=10.0)
+    queue_size: int | None = Field(None, ge=1)
+    request_timeout: float | None = Field(None, gt=0.0)
+
+
 class Manifest(_Strict):
     """``model.json``: the contract between ``export/`` and ``service/``."""
 
@@ -115,6 +127,7 @@ class Manifest(_Strict):
         min_length=1, description="Index -> name; detection lists the no-object class last, as DETR does."
     )
     provenance: Provenance
+    batching: Batching | None = Field(None, description="Overrides of the server's batching settings.")
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:

@@ -7,6 +7,7 @@ repository.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 from dataclasses import dataclass, field
@@ -81,11 +82,7 @@ class ModelVersion:
             "labels_count": len(self.manifest.labels),
             "provider": self.runner.providers.primary,
             "providers": self.runner.providers.in_use,
-            "batching": {
-                "max_batch_size": self.batcher.config.max_batch_size,
-                "max_queue_delay": self.batcher.config.max_queue_delay,
-                "queue_size": self.batcher.config.queue_size,
-            },
+            "batching": dataclasses.asdict(self.batcher.config),  # the effective values, manifest overrides applied
             "ready": self.ready,
             "metrics": self.manifest.provenance.metrics,
         }
@@ -167,7 +164,8 @@ def load_repository(
             intra_op_threads=intra_op_threads,
             inter_op_threads=inter_op_threads,
         )
-        batcher = Batcher(runner.run, batching, model=name, version=str(version))
+        overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
+        batcher = Batcher(runner.run, batching.override(**overrides), model=name, version=str(version))
         repository.models.setdefault(name, {})[version] = ModelVersion(
             name, version, folder, manifest, runner, Preprocessor(manifest.preprocessing), batcher
         )

@@ -39,6 +39,8 @@ def test_committed_manifest_loads() -> None:
         (lambda d: d["preprocessing"].update(mean=[0.1, 0.2]), "preprocessing"),
         (lambda d: d["input"].update(shape=[1, 1, 8, 8]), "input"),
         (lambda d: d.update(schema_version=99), "schema_version"),
+        (lambda d: d.update(batching={"max_batch_size": 0}), "batching.max_batch_size"),
+        (lambda d: d.update(batching={"max_delay": 0.01}), "batching.max_delay"),
     ],
 )
 def test_invalid_manifest_names_file_and_field(tmp_path, edit, field: str) -> None:
