@@ -1,39 +1,26 @@
 """Dynamic batching: concurrent requests for one model version share one ONNX Runtime call.
 
-One :class:`Batcher` per model version and worker process. ``await submit(x, deadline=...)``
-queues one input and returns its row of every output. The batching loop runs one batch at a
-time, and each turn of it is these steps, in this order:
-
-    collect -> drop expired/cancelled -> stack -> run -> check/split -> answer
+One :class:`Batcher` per model version and worker process; ``await submit(x, deadline=...)``
+queues one input and returns its row of every output. The loop runs one batch at a time, each
+turn the same steps: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
 **Collect.** The oldest queued request leads the next batch; queued requests of its shape join
-it, oldest first, up to ``max_batch_size``. The batch is released, and the reason recorded
-(``patchserve_batches_total{reason}`` and a debug log line), when
+it, oldest first. The batch leaves, and the reason is recorded (``patchserve_batches_total``
+and a debug log line), at ``size`` (it holds ``max_batch_size``), at ``delay`` (its oldest has
+waited ``max_queue_delay``, as in Triton), or at ``idle``: at once when the runner is idle and a
+lone request is all that is queued, so low load never waits out the delay (two or more queued
+means requests arrive together, and waiting up to the delay fills the batch). Shapes never
+mix, and a request of another shape waits only for batches led by requests older than itself.
 
-* ``size``:  it holds ``max_batch_size`` inputs;
-* ``delay``: its oldest request has waited ``max_queue_delay`` seconds (Triton's
-  ``max_queue_delay``, counted from the oldest request);
-* ``idle``:  at once, when the runner is idle and this lone request is all that is queued: a
-  request at low load never waits out the delay (the idle fast path). Two or more queued
-  requests mean requests are arriving together, and then waiting up to the delay fills the
-  batch.
+**Drop.** The queue is bounded (``queue_size``: one more gets 503 at once). A request still
+queued at its deadline gets 504 there and then, even while the runner is busy; a cancelled one
+(client gone) leaves at once. Neither is computed: the last check before stacking drops any
+that expired or were cancelled in between.
 
-Inputs of different shapes never share a batch. Each batch is led by the oldest queued request,
-so a request of another shape waits only for batches led by requests older than itself.
-
-**Drop.** The queue is bounded (``queue_size``; one more is refused at once with 503 and
-``Retry-After``). Every request has a deadline (``request_timeout`` after it arrived, or sooner
-if the request asked): a request still queued at its deadline is answered 504 there and then,
-even while the runner is busy, and frees its place. A request whose caller was cancelled (its
-client disconnected) frees its place at once. Neither is ever computed: the last check before
-stacking drops whatever expired or was cancelled in between.
-
-**Stack, run, check/split, answer.** Inputs are stacked into one (B, C, H, W) array, run in one
-call of the model in this batcher's own thread, and every output is checked to have one row per
-input before it is split back. A batch whose run raises, or whose outputs have the wrong number
-of rows, fails its own requests with a 500 that says so, and the loop goes on to the next batch.
-If the loop itself ever dies, every queued request is answered, ``running`` turns False (and
-``/readyz`` with it), and later requests are refused with 503.
+**Stack, run, check/split, answer.** One (B, C, H, W) array, one call of the model in this
+batcher's own thread, every output checked for one row per input, then split. A failing batch
+fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
+request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
 
 Times are seconds on an injectable :class:`Clock`, so tests drive the loop without waiting.
 """
@@ -44,46 +31,21 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from service import metrics
+from service.clock import Clock, MonotonicClock, Timer
 from service.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
 log = logging.getLogger(__name__)
 
 RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
 SIZE, DELAY, IDLE = metrics.RELEASE_REASONS
-
-
-class Timer(Protocol):
-    """A scheduled callback that can be called off."""
-
-    def cancel(self) -> None: ...
-
-
-class Clock(Protocol):
-    """Where the batcher reads the time (seconds) and schedules its timers."""
-
-    def now(self) -> float: ...
-
-    def call_at(self, when: float, callback: Callable[[], object]) -> Timer: ...
-
-
-class MonotonicClock:
-    """``time.monotonic()`` seconds; timers run on the running event loop."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    def call_at(self, when: float, callback: Callable[[], object]) -> Timer:
-        return asyncio.get_running_loop().call_later(max(0.0, when - time.monotonic()), callback)
 
 
 @dataclass(frozen=True)
