@@ -99,6 +99,7 @@ def create_app(settings: Settings) -> FastAPI:
         version="0.1.0",
         description="Vision transformers (ViT classifiers, DETR detectors) on ONNX Runtime, with dynamic batching.",
         lifespan=lifespan,
+        redirect_slashes=False,  # a POST to .../classify/ is a 404 problem, not a 307 curl will not follow
     )
     app.state.server = state
     install_handlers(app)

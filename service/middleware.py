@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ProblemError, problem_response
+
+log = logging.getLogger(__name__)
 
 _CLIENT_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
@@ -42,4 +47,22 @@ class RequestIdMiddleware:
                 message = {**message, "headers": headers}
             await send(message)
 
-        await self.app(scope, receive, send_with_id)
+        started_response = False
+
+        async def send_tracking(message: Message) -> None:
+            nonlocal started_response
+            started_response = started_response or message["type"] == "http.response.start"
+            await send_with_id(message)
+
+        try:
+            await self.app(scope, receive, send_tracking)
+        except Exception:
+            # A bug of ours: answer with a problem carrying this request's id and timing (the
+            # outermost error handler would answer without them), or, if the response had
+            # already started, let the server close the connection.
+            log.exception("unhandled error in request %s", rid)
+            if started_response:
+                raise
+            error = ProblemError("an unexpected server error; see the server log")
+            response = problem_response(error, rid)
+            await response(scope, receive, send_with_id)

@@ -106,7 +106,7 @@ class ModelRepository:
             raise ModelNotFound(f"no model named {name!r}; GET /v1/models lists them")
         if version is None:
             return versions[max(versions)]
-        if not version.isdigit() or int(version) not in versions:
+        if not (version.isascii() and version.isdigit()) or int(version) not in versions:
             raise ModelNotFound(f"model {name!r} has no version {version!r}; it has {sorted(versions)}")
         return versions[int(version)]
 
@@ -129,7 +129,7 @@ def discover(root: Path) -> list[tuple[str, int, Path]]:
         if not NAME_PATTERN.match(model_dir.name):
             raise RepositoryError(f"{model_dir}: not a valid model name (letters, digits, _ . -)")
         for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-            if not version_dir.name.isdigit():
+            if not (version_dir.name.isascii() and version_dir.name.isdigit()):
                 raise RepositoryError(f"{version_dir}: a version folder must be a number")
             if (version_dir / "model.onnx").is_file():
                 found.append((model_dir.name, int(version_dir.name), version_dir))

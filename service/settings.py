@@ -6,6 +6,7 @@ below them takes plain values, so tests build apps with settings of their own.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -70,8 +71,8 @@ def load_settings(**overrides: object) -> Settings:
     """Read settings from the environment (and ``overrides``).
 
     Raises:
-        SystemExit: a value is invalid; the message names each offending ``PATCHSERVE_*``
-            variable and why, so a bad deployment stops at start-up, not at the first request.
+        SystemExit: status 2 when a value is invalid, after printing to stderr each offending
+            ``PATCHSERVE_*`` variable and why, so a bad deployment stops at start-up, not at the first request.
     """
     try:
         return Settings(**overrides)
@@ -80,4 +81,5 @@ def load_settings(**overrides: object) -> Settings:
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
             lines.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {error.get('input')!r})")
-        raise SystemExit("invalid settings:\n  " + "\n  ".join(lines)) from None
+        print("patchserve: invalid settings:\n  " + "\n  ".join(lines), file=sys.stderr)
+        raise SystemExit(2) from None

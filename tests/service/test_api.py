@@ -163,3 +163,33 @@ async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_la
     assert "made-up" not in after
     assert sample(after, "patchserve_model_info", model="vit-digits", version="1", provider="CPUExecutionProvider") == 1
     assert sample(after, "patchserve_batch_size_count", model="vit-digits") >= 1
+
+
+async def test_a_bug_of_ours_is_a_500_problem_with_headers_and_counted(monkeypatch) -> None:
+    from service import postprocess
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("simulated bug")
+
+    monkeypatch.setattr(postprocess, "classify", broken)
+    async with running_app() as client:
+        before = (await client.get("/metrics")).text
+        response = await client.post(CLASSIFY, files={"image": DIGIT_7}, headers={"X-Request-ID": "bug-1"})
+        after = (await client.get("/metrics")).text
+        still_alive = await client.get("/readyz")
+    problem = assert_problem(response, 500)
+    assert problem["instance"] == "bug-1" and "simulated" not in problem["detail"]  # no internals leak
+    assert "total;dur=" in response.headers["server-timing"]
+    labels = {"model": "vit-digits", "version": "1", "outcome": "error"}
+    name = "patchserve_requests_total"
+    assert sample(after, name, **labels) - sample(before, name, **labels) == 1
+    assert still_alive.status_code == 200
+
+
+async def test_probes_answer_head_and_paths_are_exact() -> None:
+    async with running_app() as client:
+        assert (await client.head("/healthz")).status_code == 200
+        assert (await client.head("/readyz")).status_code == 200
+        assert_problem(await client.post(CLASSIFY + "/", files={"image": DIGIT_7}), 404)
+        # Only ASCII digits name a version: U+0661 is an Arabic-Indic one.
+        assert_problem(await client.post(CLASSIFY + "?version=%D9%A1", files={"image": DIGIT_7}), 422, "version")

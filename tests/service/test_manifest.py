@@ -70,16 +70,17 @@ def test_server_with_a_bad_manifest_does_not_start(tmp_path) -> None:
 
 def test_server_with_a_bad_setting_names_the_variable() -> None:
     result = run_server({"PATCHSERVE_MAX_BATCH_SIZE": "0"})
-    assert result.returncode != 0
+    assert result.returncode == 2
     assert "PATCHSERVE_MAX_BATCH_SIZE" in result.stderr
 
 
-def test_settings_read_the_environment(monkeypatch) -> None:
+def test_settings_read_the_environment(monkeypatch, capsys) -> None:
     monkeypatch.setenv("PATCHSERVE_PORT", "9001")
     monkeypatch.setenv("PATCHSERVE_API_KEYS", "a, b")
     monkeypatch.setenv("PATCHSERVE_DEVICE", "cpu")
     settings = load_settings()
     assert settings.port == 9001 and settings.api_keys == ["a", "b"] and settings.device == "cpu"
     monkeypatch.setenv("PATCHSERVE_DEVICE", "tpu")
-    with pytest.raises(SystemExit, match="PATCHSERVE_DEVICE"):
+    with pytest.raises(SystemExit) as stopped:
         load_settings()
+    assert stopped.value.code == 2 and "PATCHSERVE_DEVICE" in capsys.readouterr().err

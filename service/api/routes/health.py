@@ -10,13 +10,14 @@ from service.errors import Unavailable
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", summary="Liveness: 200 while the process serves")
+@router.api_route("/healthz", methods=["GET", "HEAD"], summary="Liveness: 200 while the process serves")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get(
+@router.api_route(
     "/readyz",
+    methods=["GET", "HEAD"],
     summary="Readiness: 200 once every model is loaded and warmed up; 503 before and while draining",
     responses={503: {"description": "Not ready; the problem's detail says why"}},
 )

@@ -20,7 +20,7 @@ from service.repository import ModelRepository, ModelVersion
 # Every inference route takes `?timeout=` / `X-Request-Timeout` (seconds, may only shorten request_timeout).
 router = APIRouter(prefix="/v1/models", tags=["inference"], dependencies=[Depends(requested_timeout)])
 
-Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^\d{1,9}$")]
+Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^[0-9]{1,9}$")]
 Render = Callable[[ModelVersion], Callable[[ImageOutcome], dict[str, Any]]]
 
 
@@ -66,6 +66,9 @@ async def _serve(
         body = response_body(model, outcomes, render(model), instance=request_id(request))
     except ProblemError as exc:
         metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
+        raise
+    except Exception:
+        metrics.observe_request(*labels, "error", time.perf_counter() - started)
         raise
     metrics.observe_request(*labels, "success", time.perf_counter() - started)
     return JSON(body, headers={"Server-Timing": server_timing(outcomes)})
