@@ -16,9 +16,11 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
+from service.admission import AdmissionMiddleware
 from service.api.routes import health, inference, metrics, models
 from service.batching import BatchingConfig
 from service.errors import RepositoryError, install_handlers
+from service.logs import AccessLogMiddleware
 from service.manifest import ManifestError, load_manifest
 from service.metrics import MODEL_INFO
 from service.middleware import RequestIdMiddleware
@@ -107,7 +109,9 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(models.router)
     app.include_router(inference.router)
     app.include_router(metrics.router)
-    app.add_middleware(RequestIdMiddleware)
+    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, body_timeout=settings.body_timeout)
+    app.add_middleware(AccessLogMiddleware)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
     return app
 
 

@@ -2,11 +2,30 @@
 
 Requests for unknown models are labelled ``model="_unknown"`` so bad input cannot create
 unbounded series. Every series name and label set is defined here, once.
+
+With several worker processes the series are aggregated across them with prometheus_client's
+multiprocess mode: ``service.serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` (and wipes it) before this
+module or prometheus_client is imported anywhere, each worker writes its values to
+memory-mapped files there, and :func:`exposition` merges them at every scrape. Counters and
+histograms of a worker that died keep counting (its files stay); its live gauges are dropped.
 """
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge, Histogram
+import os
+import re
+from pathlib import Path
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    multiprocess,
+)
 
 UNKNOWN_MODEL = "_unknown"
 OUTCOMES = ("success", "client_error", "rejected", "timeout", "cancelled", "error")
@@ -67,3 +86,53 @@ def observe_request(model: str, version: str, outcome: str, seconds: float | Non
     REQUESTS.labels(model, version, outcome).inc()
     if seconds is not None:
         REQUEST_DURATION.labels(model, version).observe(seconds)
+
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+_LIVE_GAUGE_FILE = re.compile(r"^gauge_live[a-z]+_(\d+)\.db$")
+
+
+def _alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie, killed but not yet reaped, is dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust kill(0)
+    return stat.rpartition(")")[2].split()[0] != "Z"
+
+
+def mark_dead_workers(folder: Path) -> list[int]:
+    """Drop the live gauges (queue depth) of worker processes that no longer run.
+
+    Returns:
+        The process ids marked dead.
+    """
+    dead = sorted({int(m.group(1)) for f in folder.iterdir() if (m := _LIVE_GAUGE_FILE.match(f.name))} - {os.getpid()})
+    dead = [pid for pid in dead if not _alive(pid)]
+    for pid in dead:
+        multiprocess.mark_process_dead(pid, str(folder))
+    return dead
+
+
+def exposition() -> tuple[bytes, str]:
+    """The Prometheus text format of every series, and its content type.
+
+    In multiprocess mode the values of every worker, live or dead, are merged (dead workers'
+    live gauges dropped first); otherwise this process's default registry is used.
+    """
+    folder = os.environ.get(MULTIPROC_ENV)
+    if not folder:
+        return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry, path=folder)
+    mark_dead_workers(Path(folder))
+    try:
+        return generate_latest(registry), CONTENT_TYPE_LATEST
+    except FileNotFoundError:  # another worker dropped a dead worker's file while this one read: once more
+        return generate_latest(registry), CONTENT_TYPE_LATEST

@@ -58,6 +58,24 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated bearer tokens; empty: no authentication."
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["text", "json"] = Field(
+        "text", description="text: one human-readable line per record; json: one JSON object per line."
+    )
+
+    # Operation: admission, drain, connections (service/admission.py, service/serve.py).
+    max_in_flight: int = Field(
+        128, ge=1, description="Requests one worker holds at once; more -> 503 + Retry-After before the body is read."
+    )
+    body_timeout: float = Field(60.0, gt=0.0, description="Seconds to receive a whole request body (408).")
+    drain_delay: float = Field(
+        5.0, ge=0.0, description="Seconds to keep accepting after SIGTERM, with /readyz at 503, before closing."
+    )
+    graceful_shutdown_timeout: int = Field(
+        30, ge=1, description="Seconds accepted requests get to finish once the server stops accepting."
+    )
+    keep_alive_timeout: int = Field(
+        75, ge=1, description="Seconds an idle keep-alive connection stays open (above proxies' 60 s)."
+    )
 
     @field_validator("api_keys", mode="before")
     @classmethod

@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from service.repository import ModelRepository
+from service.serve import shutdown_requested
 from service.settings import Settings
 
 
@@ -17,7 +18,8 @@ class ServerState:
         settings: the validated settings.
         decode_pool: threads that decode and preprocess images.
         repository: the loaded models (None until start-up has loaded them).
-        draining: set when shutdown begins; readiness turns 503 at once.
+        draining: set when shutdown begins; readiness turns 503 at once (as it does as soon as
+            the process receives SIGTERM, see :mod:`service.serve`).
         startup_error: why loading failed, if it did.
     """
 
@@ -31,7 +33,7 @@ class ServerState:
         """Why the server is not ready; empty when it is."""
         if self.startup_error:
             return [self.startup_error]
-        if self.draining:
+        if self.draining or shutdown_requested():
             return ["the server is draining (shutting down)"]
         if self.repository is None:
             return ["models are still loading"]

@@ -51,6 +51,7 @@ async def _serve(
     try:
         model = repository.get(name, version)
         labels = (model.name, str(model.version))
+        request.state.model, request.state.version = labels  # for the access log line
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         _require_task(model, task)
         settings = state.settings
@@ -63,6 +64,7 @@ async def _serve(
                 model, payloads, pool=state.decode_pool, max_pixels=settings.max_image_pixels, deadline=deadline
             ),
         )
+        request.state.batch_sizes = [o.result.batch_size for o in outcomes if o.result is not None]
         body = response_body(model, outcomes, render(model), instance=request_id(request))
     except ProblemError as exc:
         metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)

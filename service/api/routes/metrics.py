@@ -1,13 +1,15 @@
-"""``GET /metrics``: Prometheus text exposition format."""
+"""``GET /metrics``: Prometheus text exposition format, merged across worker processes."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from service.metrics import exposition
 
 router = APIRouter(tags=["metrics"])
 
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics() -> Response:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    body, content_type = exposition()
+    return Response(body, media_type=content_type)

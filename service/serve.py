@@ -1,0 +1,169 @@
+"""Running the server: uvicorn worker processes, metrics shared between them, a graceful drain.
+
+Start-up (``python -m service`` -> :func:`run`):
+
+1. ``PROMETHEUS_MULTIPROC_DIR`` is set (a new temporary folder unless given) and wiped, before
+   prometheus_client is imported, so every worker writes its series there and ``/metrics``
+   merges them (:mod:`service.metrics`).
+2. Every manifest is validated; a bad one stops start-up with status 2 before a port is opened.
+3. uvicorn runs ``workers`` processes (one in-process when ``workers == 1``) sharing one socket.
+
+Shutdown, on SIGTERM or Ctrl-C, in each worker (the supervisor forwards the signal):
+
+1. at once: ``/readyz`` answers 503, so load balancers and Kubernetes take the instance out;
+2. for ``drain_delay`` seconds the worker keeps accepting and serving as usual, so clients
+   that have not yet seen the 503 are served rather than refused;
+3. then it stops accepting, closes idle keep-alive connections, lets every request it has
+   received finish (up to ``graceful_shutdown_timeout`` seconds), stops its batchers, and the
+   process exits with status 0.
+
+Repeated SIGTERMs change nothing (systemd, ``timeout`` and the supervisor may each send one);
+a second Ctrl-C skips the rest of the drain delay, a third abandons the requests in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import uvicorn
+from uvicorn.supervisors import multiprocess
+
+from service.logs import log_config
+from service.settings import Settings
+
+log = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+STARTUP_FAILURE = 3  # uvicorn's status when a worker cannot start
+_shutdown = threading.Event()
+
+
+def shutdown_requested() -> bool:
+    """True once this process received SIGTERM or SIGINT (readiness turns 503)."""
+    return _shutdown.is_set()
+
+
+def prepare_multiprocess_dir() -> tuple[Path, bool]:
+    """Turn prometheus_client's multiprocess mode on for this process and its workers.
+
+    Uses ``$PROMETHEUS_MULTIPROC_DIR`` if set, else a new folder under the temporary directory
+    (a tmpfs in the container). The ``*.db`` files an earlier run left there are removed, so
+    counts start at zero with every start. Must run before prometheus_client is imported.
+
+    Returns:
+        The folder, and whether it was created here (and so is removed at exit).
+    """
+    given = os.environ.get(MULTIPROC_ENV)
+    folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="patchserve-metrics-"))
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):
+        stale.unlink()
+    os.environ[MULTIPROC_ENV] = str(folder)
+    return folder, not given
+
+
+class ServeConfig(uvicorn.Config):
+    """uvicorn's configuration plus ``drain_delay`` (seconds), which travels to spawned workers."""
+
+    def __init__(self, app: str, *, drain_delay: float = 0.0, **kwargs: Any) -> None:
+        super().__init__(app, **kwargs)
+        self.drain_delay = drain_delay
+
+
+class DrainingServer(uvicorn.Server):
+    """A uvicorn server whose first SIGTERM/SIGINT starts a drain instead of closing at once."""
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        super().__init__(config)
+        self._stop_accepting_at: float | None = None
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._stop_accepting_at is None:
+            delay = getattr(self.config, "drain_delay", 0.0)
+            _shutdown.set()
+            self._stop_accepting_at = time.monotonic() + delay
+            log.info("%s: draining; /readyz is 503, still accepting for %.1f s", signal.Signals(sig).name, delay)
+            return
+        # Later signals: SIGTERM again changes nothing (systemd, timeout(1) and the supervisor may
+        # each send one); SIGINT (Ctrl-C again) stops accepting now, and a third abandons the
+        # requests in flight. No signal is re-raised after shutdown (uvicorn's default), so the
+        # exit status is 0.
+        if sig != signal.SIGINT:
+            return
+        if self.should_exit:
+            self.force_exit = True
+        self.should_exit = True
+
+    async def on_tick(self, counter: int) -> bool:
+        if self._stop_accepting_at is not None and not self.should_exit and time.monotonic() >= self._stop_accepting_at:
+            log.info("drain delay over: no longer accepting; finishing the requests received")
+            self.should_exit = True
+        return await super().on_tick(counter)
+
+
+class _DrainingProcess(multiprocess.Process):
+    """uvicorn's worker process, running a :class:`DrainingServer`."""
+
+    @property
+    def server(self) -> uvicorn.Server:
+        if self._server is None:
+            self._server = DrainingServer(config=self.config)
+        return self._server
+
+
+def uvicorn_config(settings: Settings) -> ServeConfig:
+    """The uvicorn configuration for ``settings`` (the app is built by ``service.app:build_app``)."""
+    return ServeConfig(
+        "service.app:build_app",
+        factory=True,
+        host=settings.host,
+        port=settings.port,
+        workers=settings.workers,
+        log_config=log_config(settings.log_level, settings.log_format),
+        log_level=settings.log_level,
+        access_log=False,  # service.logs writes one structured line per request instead
+        timeout_keep_alive=settings.keep_alive_timeout,
+        timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
+        drain_delay=settings.drain_delay,
+    )
+
+
+def run(settings: Settings) -> int:
+    """Serve until a signal has drained the server. Returns the process exit status.
+
+    Returns:
+        0 after a clean shutdown; 2 when the repository or a manifest is invalid (nothing was
+        started); 3 when the server could not start.
+    """
+    folder, created = prepare_multiprocess_dir()
+    try:
+        from service.app import validate_repository  # imports prometheus_client: after the folder is set
+        from service.errors import RepositoryError
+
+        try:
+            validate_repository(settings)
+        except RepositoryError as exc:
+            print(f"patchserve: cannot start: {exc}", file=sys.stderr)
+            return 2
+        config = uvicorn_config(settings)
+        if settings.workers == 1:
+            server = DrainingServer(config)
+            server.run()
+            return 0 if server.started else STARTUP_FAILURE
+        # uvicorn's supervisor makes its workers from this module-level name; give it ours.
+        multiprocess.Process = _DrainingProcess  # type: ignore[misc]
+        multiprocess.Multiprocess(config, sockets=[config.bind_socket()]).run()
+        return 0
+    finally:
+        if created:
+            shutil.rmtree(folder, ignore_errors=True)
