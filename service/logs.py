@@ -61,6 +61,7 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "uvicorn": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
+            "PIL": {"level": "INFO"},  # its debug lines describe every image chunk decoded
         },
     }
 

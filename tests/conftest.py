@@ -6,7 +6,9 @@ import asyncio
 import io
 import os
 import socket
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -71,7 +73,11 @@ def free_port() -> int:
 def server_process(
     python: Path = SERVE_PYTHON, env: dict[str, str] | None = None, ready_timeout: float = 60.0
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real server (``python -m service``) on a free loopback port; yields (base URL, process)."""
+    """A real server (``python -m service``) on a free loopback port; yields (base URL, process).
+
+    The server's output goes to a file, ``process.log_path`` (a pipe nobody reads would fill and
+    block the server); the drain delay is 0 unless ``env`` sets one.
+    """
     if not python.exists():
         pytest.fail(f"{python} missing: `make test` builds the serving environment first")
     port = free_port()
@@ -81,22 +87,25 @@ def server_process(
         "PATCHSERVE_PORT": str(port),
         "PATCHSERVE_MODEL_REPOSITORY": str(MODEL_REPOSITORY),
         "PATCHSERVE_DEVICE": "cpu",
+        "PATCHSERVE_DRAIN_DELAY": "0",
         **(env or {}),
     }
+    log_file = tempfile.NamedTemporaryFile("w", prefix="patchserve-server-", suffix=".log", delete=False)
     process = subprocess.Popen(
         [str(python), "-m", "service"],
         cwd=ROOT,
         env=full_env,
-        stdout=subprocess.PIPE,
+        stdout=log_file,
         stderr=subprocess.STDOUT,
         text=True,
     )
+    process.log_path = Path(log_file.name)  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}: {process.stdout.read()}")
+                raise RuntimeError(f"server exited with {process.returncode}: {process.log_path.read_text()}")
             try:
                 if httpx.get(url + "/readyz", timeout=1).status_code == 200:
                     break
@@ -113,6 +122,20 @@ def server_process(
                 process.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 process.kill()
+                process.wait()
+        log_file.close()
+        Path(log_file.name).unlink(missing_ok=True)
+
+
+def require_tool(name: str, how: str) -> str:
+    """The path of command ``name``; a skip without it, a failure under CI (``CI=true``)."""
+    path = shutil.which(name)
+    if path is None:
+        message = f"{name} is not installed ({how})"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
 
 
 @pytest.fixture(scope="session")

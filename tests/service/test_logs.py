@@ -1,0 +1,65 @@
+"""The per-request log line and the JSON log format."""
+
+from __future__ import annotations
+
+import json
+import logging
+import logging.config
+
+import pytest
+
+from service.logs import ACCESS_LOGGER, JsonFormatter, log_config
+from tests.conftest import ROOT, running_app
+
+pytestmark = pytest.mark.anyio
+DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
+async def test_one_structured_line_per_request(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG, logger=ACCESS_LOGGER)
+    async with running_app() as client:
+        caplog.clear()
+        ok = await client.post(
+            "/v1/models/vit-digits/classify", files=[("image", DIGIT_7)] * 3, headers={"X-Request-ID": "log-1"}
+        )
+        missing = await client.post("/v1/models/nope/classify", files={"image": DIGIT_7})
+        await client.get("/healthz")
+    lines = [r for r in caplog.records if r.name == ACCESS_LOGGER and r.getMessage().startswith("POST")]
+    assert len(lines) == 2
+    first, second = lines
+    assert first.levelno == logging.INFO
+    assert (first.request_id, first.status, first.model, first.version) == ("log-1", 200, "vit-digits", "1")
+    assert len(first.batch_size) == 3 and all(1 <= b <= 8 for b in first.batch_size)
+    timing = ok.headers["server-timing"]
+    for name in ("decode", "queue", "compute"):
+        assert f"{name};dur={getattr(first, name + '_ms'):.3f}" in timing
+    assert first.total_ms > 0
+    assert (second.status, second.request_id) == (404, missing.headers["x-request-id"])
+    assert not hasattr(second, "model")  # an unknown model is not named in the log either
+    received = [r for r in caplog.records if r.getMessage().startswith("request received POST")]
+    assert [r.request_id for r in received][:1] == ["log-1"]
+    probes = [r for r in caplog.records if r.getMessage().startswith("GET /healthz")]
+    assert [r.levelno for r in probes] == [logging.DEBUG]
+
+
+def test_json_lines_carry_the_structured_fields() -> None:
+    record = logging.LogRecord(ACCESS_LOGGER, logging.INFO, __file__, 1, "POST %s", ("/x",), None)
+    record.status, record.model, record.batch_size = 200, "vit-digits", [4]
+    document = json.loads(JsonFormatter().format(record))
+    assert document["message"] == "POST /x" and document["level"] == "info" and document["logger"] == ACCESS_LOGGER
+    assert (document["status"], document["model"], document["batch_size"]) == (200, "vit-digits", [4])
+    assert document["time"].endswith("Z") and isinstance(document["pid"], int)
+
+
+def test_log_config_is_valid_for_both_formats() -> None:
+    root = logging.getLogger()
+    saved = (root.level, root.handlers[:])
+    try:
+        for fmt in ("text", "json"):
+            config = log_config("info", fmt)
+            logging.config.dictConfig(config)
+            assert config["handlers"]["stderr"]["formatter"] == fmt
+            assert root.level == logging.INFO and logging.getLogger("PIL").level == logging.INFO
+    finally:
+        root.setLevel(saved[0])
+        root.handlers[:] = saved[1]
