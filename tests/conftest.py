@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 import io
 import os
-import socket
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -90,16 +90,17 @@ def server_process(
         "PATCHSERVE_DRAIN_DELAY": "0",
         **(env or {}),
     }
-    log_file = tempfile.NamedTemporaryFile("w", prefix="patchserve-server-", suffix=".log", delete=False)
-    process = subprocess.Popen(
-        [str(python), "-m", "service"],
-        cwd=ROOT,
-        env=full_env,
-        stdout=log_file,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    process.log_path = Path(log_file.name)  # type: ignore[attr-defined]
+    fd, log_name = tempfile.mkstemp(prefix="patchserve-server-", suffix=".log")
+    with os.fdopen(fd, "w") as log_file:  # the child keeps its own copy of the descriptor
+        process = subprocess.Popen(
+            [str(python), "-m", "service"],
+            cwd=ROOT,
+            env=full_env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+    process.log_path = Path(log_name)  # type: ignore[attr-defined]
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + ready_timeout
@@ -123,8 +124,7 @@ def server_process(
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        log_file.close()
-        Path(log_file.name).unlink(missing_ok=True)
+        Path(log_name).unlink(missing_ok=True)
 
 
 def require_tool(name: str, how: str) -> str:

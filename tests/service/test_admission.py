@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tests.conftest import ROOT, running_app
-from tests.service.test_api import assert_problem, sample
+from tests.service.test_api import sample
 
 pytestmark = pytest.mark.anyio
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
@@ -65,6 +65,11 @@ class HeldRequest:
         return json.loads(b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body"))
 
 
+def delta(before: str, after: str, **labels: str) -> float:
+    """How much ``patchserve_requests_total{labels}`` grew between two scrapes."""
+    return sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels)
+
+
 async def until(condition, timeout: float = 5.0) -> None:
     for _ in range(int(timeout / 0.01)):
         if condition():
@@ -91,8 +96,7 @@ async def test_requests_over_the_cap_get_503_with_retry_after_before_their_body_
         assert (await client.get("/healthz")).status_code == 200
         assert (await client.get("/readyz")).status_code == 200
         after = (await client.get("/metrics")).text
-        name, labels = "patchserve_requests_total", {"model": "vit-digits", "version": "1", "outcome": "rejected"}
-        assert sample(after, name, **labels) - sample(before, name, **labels) == 1
+        assert delta(before, after, model="vit-digits", version="1", outcome="rejected") == 1
         for h in held:
             h.release()
         await asyncio.wait_for(asyncio.gather(*(h.task for h in held)), 10)
@@ -115,7 +119,7 @@ async def test_a_refused_request_for_an_unknown_model_is_counted_as_unknown() ->
         await held.task
     assert refused.status == 503
     labels = {"model": "_unknown", "outcome": "rejected"}
-    assert sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels) == 1
+    assert delta(before, after, **labels) == 1
     assert "no-such-model" not in after
 
 
@@ -131,7 +135,7 @@ async def test_a_body_not_received_in_time_is_408_and_closes_the_connection() ->
     assert stalled.headers["content-type"] == "application/problem+json"
     assert "0.2 s" in stalled.body["detail"] and "PATCHSERVE_BODY_TIMEOUT" in stalled.body["detail"]
     labels = {"model": "vit-digits", "version": "1", "outcome": "client_error"}
-    assert sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels) == 1
+    assert delta(before, after, **labels) == 1
     assert on_time.status_code == 200
 
 
