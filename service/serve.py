@@ -121,6 +121,20 @@ class _DrainingProcess(multiprocess.Process):
         return self._server
 
 
+class _Supervisor(multiprocess.Multiprocess):
+    """uvicorn's supervisor, closing its own copy of the listening socket when shutdown begins.
+
+    The workers keep accepting on their copies through the drain delay; once the last of them
+    closes its copy, new connections are refused at once instead of waiting in a backlog that
+    nobody accepts from until the supervisor exits.
+    """
+
+    def terminate_all(self) -> None:
+        for sock in self.sockets:
+            sock.close()
+        super().terminate_all()
+
+
 def uvicorn_config(settings: Settings) -> ServeConfig:
     """The uvicorn configuration for ``settings`` (the app is built by ``service.app:build_app``)."""
     return ServeConfig(
@@ -162,7 +176,7 @@ def run(settings: Settings) -> int:
             return 0 if server.started else STARTUP_FAILURE
         # uvicorn's supervisor makes its workers from this module-level name; give it ours.
         multiprocess.Process = _DrainingProcess  # type: ignore[misc]
-        multiprocess.Multiprocess(config, sockets=[config.bind_socket()]).run()
+        _Supervisor(config, sockets=[config.bind_socket()]).run()
         return 0
     finally:
         if created:
