@@ -84,8 +84,8 @@ def test_three_times_capacity_gets_only_200_503_504_and_the_server_stays_healthy
             assert result.get("status") in (503, 504) or result["predictions"][0]["label"] == "7", result
 
     def delta(outcome: str) -> float:
-        labels = {"model": "vit-digits", "version": "1", "outcome": outcome}
-        return sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels)
+        name, labels = "patchserve_requests_total", {"model": "vit-digits", "version": "1", "outcome": outcome}
+        return sample(after, name, **labels) - sample(before, name, **labels)
 
     assert delta("success") == statuses[200]
     assert delta("rejected") == statuses[503]
