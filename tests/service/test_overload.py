@@ -102,8 +102,7 @@ def test_three_times_capacity_gets_only_200_503_504_and_the_server_stays_healthy
 def test_a_stalled_upload_gets_408_and_its_connection_closed(server: str) -> None:
     host, port = server.removeprefix("http://").split(":")
     head = (
-        f"POST {CLASSIFY} HTTP/1.1\r\nHost: {host}\r\nContent-Type: image/png\r\n"
-        f"Content-Length: {len(DIGIT_7)}\r\n\r\n"
+        f"POST {CLASSIFY} HTTP/1.1\r\nHost: {host}\r\nContent-Type: image/png\r\nContent-Length: {len(DIGIT_7)}\r\n\r\n"
     ).encode()
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(head + DIGIT_7[:10])  # then nothing more
