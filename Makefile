@@ -10,7 +10,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean
+.PHONY: serve test test-fast models lint clean tools
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -31,8 +31,22 @@ $(DEV_VENV)/.installed: pyproject.toml
 serve: $(SERVE_VENV)/.installed-$(ORT)
 	$(SERVE_VENV)/bin/python -m service
 
-# The whole suite, every marker (slow and docker included).
-test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu
+# Tools the operation tests run: a real Prometheus server and promtool, both from Debian's
+# prometheus package (apt-get, as root; elsewhere install it yourself, or those tests skip —
+# under CI=true they fail instead). hadolint and kubernetes-validate come with the dev extra.
+tools:
+	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's prometheus package (prometheus, promtool)"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	  else \
+	    echo "prometheus/promtool missing: install Debian's prometheus package"; \
+	  fi; \
+	fi
+
+# The whole suite, every marker (slow and docker included). The docker tests need an engine
+# (.ci/run starts one); the compose files are checked with the docker CLI alone.
+test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu tools
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider
 

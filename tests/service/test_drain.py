@@ -57,7 +57,8 @@ def probe_readiness(url: str, until: float) -> list[tuple[float, int | str]]:
     seen: list[tuple[float, int | str]] = []
     while time.monotonic() < until:
         try:
-            seen.append((time.monotonic(), httpx.get(url + "/readyz", timeout=5).status_code))
+            status = httpx.get(url + "/readyz", timeout=5).status_code
+            seen.append((time.monotonic(), status))  # when the answer came
         except httpx.TransportError as exc:  # refused, or reset while the last listener closed
             seen.append((time.monotonic(), type(exc).__name__))
             break
@@ -120,6 +121,6 @@ def test_sigterm_during_load_loses_no_accepted_request(workers: int) -> None:
     assert len(accepted) >= 50
     print(
         f"workers={workers}: {len(accepted)} accepted, all answered 200; {len(served_while_draining)} served "
-        f"after /readyz turned 503 ({first_503 * 1e3:.0f} ms after SIGTERM); {len(sent) - len(accepted)} "
-        f"never received ({sorted(failures)}); port closed {after[-1][0]:.2f} s after SIGTERM; exit {exit_status}"
+        f"after /readyz turned 503 ({first_503 * 1e3:.0f} ms after SIGTERM); port closed {after[-1][0]:.2f} s after "
+        f"SIGTERM; {len(sent) - len(accepted)} attempts never received ({sorted(failures)}); exit {exit_status}"
     )
