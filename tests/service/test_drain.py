@@ -22,7 +22,7 @@ from tests.conftest import ROOT, server_process
 pytestmark = pytest.mark.slow
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
 CLASSIFY = "/v1/models/vit-digits/classify"
-DRAIN_DELAY = 1.5
+DRAIN_DELAY = 2.5
 CLIENTS = 8
 
 
@@ -107,10 +107,10 @@ def test_sigterm_during_load_loses_no_accepted_request(workers: int) -> None:
     assert failures <= {"ConnectError", "RemoteProtocolError", "ReadError"}  # only requests never received
     assert not accepted & {s.rid for s in sent if isinstance(s.result, str)}
 
-    # readiness: 503 at once (within the supervisor's 0.5 s signal loop), until the port closes
+    # readiness: 503 at once (the time includes answering a probe on a loaded 2-core machine)
     after = [(t - signalled, status) for t, status in readiness]
     first_503 = next(t for t, status in after if status == 503)
-    assert first_503 < 0.8, after
+    assert first_503 < 1.0, after
     assert all(status == 503 or isinstance(status, str) for t, status in after if t >= first_503), after
     # then the port closes (a connection racing the close may be dropped unread instead of refused)
     assert after[-1][1] in ("ConnectError", "RemoteProtocolError", "ReadError"), after
