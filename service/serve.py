@@ -193,8 +193,9 @@ def run(settings: Settings) -> int:
             return 0 if server.started else STARTUP_FAILURE
         # uvicorn's supervisor makes its workers from this module-level name; give it ours.
         multiprocess.Process = _DrainingProcess  # type: ignore[misc]
-        _Supervisor(config, sockets=[config.bind_socket()]).run()
-        return 0
+        supervisor = _Supervisor(config, sockets=[config.bind_socket()])
+        supervisor.run()
+        return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
     finally:
         if created:
             shutil.rmtree(folder, ignore_errors=True)
