@@ -103,6 +103,10 @@ class AccessLogMiddleware:
         self.log.debug("request received %s %s", scope["method"], scope["path"], extra={"request_id": rid})
         try:
             await self.app(scope, receive, send_and_note)
+        except Exception:
+            if response["status"] is None:
+                response["status"] = 500  # what the request-id middleware outside answers for a bug
+            raise
         finally:
             if self.log.isEnabledFor(level):
                 fields: dict[str, Any] = {
