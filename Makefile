@@ -25,7 +25,7 @@ $(DEV_VENV)/.installed: pyproject.toml
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
 	# torch first, from the local CPU wheel: a bare `torch` requirement would pull a CUDA build.
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
-	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,dev]'
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,dev,heic]'
 	touch $@
 
 serve: $(SERVE_VENV)/.installed-$(ORT)

@@ -1,5 +1,11 @@
 """Decoding uploaded image files with Pillow: displayed orientation, the model's colour mode, limits.
 
+What a client sends is untrusted. :func:`decode_image` accepts only the formats in
+:data:`ACCEPTED_FORMATS` (Pillow's other plugins, EPS through Ghostscript among them, are
+never tried), checks the pixel count from the header before any pixel is decoded, and turns
+every failure into a 4xx problem: 413 for an image too large, 415 for a truncated, corrupt or
+unaccepted file (naming the format and the fault), never an unexpected exception.
+
 Decoding runs in a thread pool, never on the event loop (Pillow releases the GIL while it
 decodes). Turning the decoded image into model input is :mod:`service.preprocess`.
 """
@@ -7,19 +13,87 @@ decodes). Turning the decoded image into model input is :mod:`service.preprocess
 from __future__ import annotations
 
 import io
+import logging
+import re
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image, ImageOps, UnidentifiedImageError
+import numpy as np
+from PIL import Image, UnidentifiedImageError
 
-from service.errors import InvalidImage, PayloadTooLarge
+from service.errors import BadRequest, InvalidImage, PayloadTooLarge
 
-# Pillow's own bomb check would warn at 89 Mpx and raise at twice that; we check the header
-# against our own limit before decoding instead, and turn Pillow's warning into an error.
-Image.MAX_IMAGE_PIXELS = None
+log = logging.getLogger(__name__)
 
-# EXIF orientations 5-8 rotate by 90 degrees: the displayed image swaps width and height.
+# Pillow re-checks sizes it learns while decoding (an ICO's embedded PNG or BMP, a WebP
+# canvas, a GIF frame beyond the screen, a TIFF tile) against Image.MAX_IMAGE_PIXELS: it warns
+# above it and raises DecompressionBombError above twice it. decode_image sets it to half its
+# own limit so those nested checks raise exactly where ours does (413); the warnings between
+# the two are noise, since the header check below has already decided.
+warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+
+
+def _register_heif() -> bool:
+    """Register pillow-heif's HEIF/HEIC opener if the optional ``heic`` extra is installed."""
+    try:
+        import pillow_heif
+    except ImportError:
+        return False
+    pillow_heif.register_heif_opener()
+    return True
+
+
+HEIF_AVAILABLE = _register_heif()
+
+# Pillow format ids tried, in order. MPO (multi-picture JPEG) is opened by the JPEG plugin.
+ACCEPTED_FORMATS: tuple[str, ...] = ("JPEG", "PNG", "GIF", "WEBP", "TIFF", "BMP", "ICO", "AVIF") + (
+    ("HEIF",) if HEIF_AVAILABLE else ()
+)
+ACCEPTED_NAMES = "JPEG (MPO), PNG, GIF, WebP, TIFF, BMP, ICO, AVIF" + (", HEIC/HEIF" if HEIF_AVAILABLE else "")
+
+# Leading bytes of formats worth naming in a 415: (offset, signature, name).
+_SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
+    (0, b"\x89PNG\r\n\x1a\n", "PNG"),
+    (0, b"\xff\xd8\xff", "JPEG"),
+    (0, b"GIF87a", "GIF"),
+    (0, b"GIF89a", "GIF"),
+    (0, b"II*\x00", "TIFF"),
+    (0, b"MM\x00*", "TIFF"),
+    (0, b"BM", "BMP"),
+    (0, b"\x00\x00\x01\x00", "ICO"),
+    (0, b"%PDF", "PDF"),
+    (0, b"%!PS", "PostScript/EPS"),
+    (0, b"\xc5\xd0\xd3\xc6", "EPS"),
+    (0, b"8BPS", "Photoshop (PSD)"),
+    (0, b"\x00\x00\x00\x0cjP  \r\n\x87\n", "JPEG 2000"),
+    (0, b"\xff\x4f\xff\x51", "JPEG 2000"),
+    (0, b"\x00\x00\x00\x0cJXL \r\n\x87\n", "JPEG XL"),
+    (0, b"\xff\x0a", "JPEG XL"),
+    (0, b"qoif", "QOI"),
+    (0, b"DDS ", "DDS"),
+    (0, b"icns", "ICNS"),
+    (0, b"\x00\x00\x02\x00", "CUR"),
+    (0, b"PK\x03\x04", "ZIP"),
+    (0, b"\x1f\x8b", "gzip"),
+)
+_NAMES = {"WEBP": "WebP", "HEIF": "HEIC/HEIF"}  # Pillow's format ids as messages name them
+_HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1", b"mif2"}
+_AVIF_BRANDS = {b"avif", b"avis"}
+
+# EXIF orientation (tag 0x0112) -> the transposition that displays the stored pixels, as
+# ImageOps.exif_transpose applies it. 5-8 turn by 90 degrees: width and height swap.
+_DISPLAY_TRANSPOSE = {
+    2: Image.Transpose.FLIP_LEFT_RIGHT,
+    3: Image.Transpose.ROTATE_180,
+    4: Image.Transpose.FLIP_TOP_BOTTOM,
+    5: Image.Transpose.TRANSPOSE,
+    6: Image.Transpose.ROTATE_270,
+    7: Image.Transpose.TRANSVERSE,
+    8: Image.Transpose.ROTATE_90,
+}
 _TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}
+_HIGH_DEPTH_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I", "F"}
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 
 
 @dataclass(frozen=True)
@@ -32,7 +106,7 @@ class DecodedImage:
             smaller than (width, height).
         width: displayed width of the full-resolution image, in pixels.
         height: displayed height of the full-resolution image, in pixels.
-        format: Pillow's format name ("JPEG", "PNG", ...).
+        format: Pillow's format name ("JPEG", "MPO", "PNG", "HEIF", ...).
     """
 
     image: Image.Image
@@ -41,10 +115,112 @@ class DecodedImage:
     format: str
 
 
+def sniff_format(data: bytes) -> str | None:
+    """Name the file format from its leading bytes (None when unknown); used in 415 details."""
+    if data[4:8] == b"ftyp":
+        brand = data[8:12]
+        if brand in _HEIF_BRANDS:
+            return "HEIC/HEIF"
+        if brand in _AVIF_BRANDS:
+            return "AVIF"
+        return "ISO media (MP4/QuickTime)"
+    if data[:4] == b"RIFF" and data[8:12] == b"WEBP":
+        return "WebP"
+    for offset, signature, name in _SIGNATURES:
+        if data[offset : offset + len(signature)] == signature:
+            return name
+    head = data[:256].lstrip().lower()
+    if head.startswith((b"<svg", b"<?xml")) or b"<svg" in head:
+        return "SVG/XML"
+    if head.startswith((b"<!doctype html", b"<html")):
+        return "HTML"
+    return None
+
+
+def _unidentified(data: bytes) -> InvalidImage:
+    name = sniff_format(data)
+    if name == "HEIC/HEIF" and not HEIF_AVAILABLE:
+        return InvalidImage(
+            "HEIC/HEIF images need the optional HEIF decoder, which this server does not have "
+            "(install patchserve[heic], i.e. pillow-heif); send JPEG or PNG instead"
+        )
+    if name is not None and name.split(" ")[0].split("/")[0].upper() in {f.upper() for f in ACCEPTED_FORMATS}:
+        return InvalidImage(f"the {name} image is corrupt: its header cannot be read")
+    if name is not None:
+        return InvalidImage(f"{name} files are not accepted; send one of {ACCEPTED_NAMES}")
+    return InvalidImage(f"the data is not an image in a format this server decodes ({ACCEPTED_NAMES})")
+
+
+def _orientation(image: Image.Image) -> int:
+    """The EXIF orientation (1-8); 1 when absent, out of range or unreadable."""
+    try:
+        value = image.getexif().get(0x0112, 1)
+    except Exception:  # a malformed EXIF block must not lose an otherwise good photo
+        log.debug("unreadable EXIF ignored", exc_info=True)
+        return 1
+    return value if isinstance(value, int) and 1 <= value <= 8 else 1
+
+
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit and 32-bit single-channel modes -> "L" (or "LA" with a tRNS key), rescaled.
+
+    Pillow's own ``convert("L")`` clips these (every value above 255 turns white). Here
+    integer modes are read as 16-bit (0-65535) and divided by 257 with rounding, so 65535 -> 255
+    and 32768 -> 128; float ("F") images are read as 0.0-1.0.
+    """
+    pixels = np.asarray(image)  # (H, W) uint16 / int32 / float32
+    if image.mode == "F":
+        scaled = np.clip(np.nan_to_num(pixels, nan=0.0), 0.0, 1.0) * 255.0
+    else:
+        scaled = np.clip(pixels, 0, 65535).astype(np.float32) / 257.0
+    gray = Image.fromarray(np.rint(scaled).astype(np.uint8))
+    key = image.info.get("transparency")
+    if isinstance(key, int) and image.mode != "F":
+        alpha = Image.fromarray(np.where(pixels == key, 0, 255).astype(np.uint8))
+        return Image.merge("LA", (gray, alpha))
+    return gray
+
+
+def _has_transparency(image: Image.Image) -> bool:
+    return image.mode in _ALPHA_MODES or (image.mode in ("P", "L", "RGB") and "transparency" in image.info)
+
+
+def _to_mode(image: Image.Image, color_mode: str, background: tuple[int, int, int]) -> Image.Image:
+    """Any Pillow mode -> ``color_mode`` ("L" or "RGB"), alpha composited onto ``background``."""
+    if image.mode in _HIGH_DEPTH_MODES:
+        image = _to_8bit(image)
+    if _has_transparency(image):
+        if image.mode == "La":
+            image = image.convert("LA")
+        rgba = image.convert("RGBA")
+        image = Image.alpha_composite(Image.new("RGBA", rgba.size, (*background, 255)), rgba).convert("RGB")
+    if image.mode not in ("L", "RGB") and color_mode == "L":
+        image = image.convert("RGB")  # CMYK, YCbCr, ... reach L through RGB
+    return image.convert(color_mode) if image.mode != color_mode else image
+
+
+def _check_pixels(width: int, height: int, max_pixels: int) -> None:
+    if width < 1 or height < 1:
+        raise InvalidImage(f"the image has no pixels ({width}x{height})")
+    if width * height > max_pixels:
+        raise PayloadTooLarge(f"the image is {width}x{height} = {width * height} pixels; the limit is {max_pixels}")
+
+
 def decode_image(
-    data: bytes, *, color_mode: str, max_pixels: int, draft_size: tuple[int, int] | None = None
+    data: bytes,
+    *,
+    color_mode: str,
+    max_pixels: int,
+    draft_size: tuple[int, int] | None = None,
+    background: tuple[int, int, int] = (255, 255, 255),
 ) -> DecodedImage:
     """Decode an image file into the displayed orientation and ``color_mode``.
+
+    Accepts :data:`ACCEPTED_FORMATS`; an animated GIF, WebP, AVIF or multi-page TIFF/MPO gives
+    its first frame. The EXIF orientation (1-8, EXIF 2.32 tag 0x0112) is applied, so pixels and
+    the reported size are those of the image as displayed. CMYK and YCCK become RGB; 16-bit
+    images are rescaled to 8 bits; alpha and palette or colour-key transparency are composited
+    onto ``background``; 1-bit becomes 0/255.
 
     Args:
         data: the file's bytes.
@@ -52,38 +228,62 @@ def decode_image(
         max_pixels: largest width x height accepted, checked from the header before decoding.
         draft_size: (width, height) in displayed orientation the caller will resize to; a JPEG
             is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big.
+        background: (R, G, B) 0-255 under transparent pixels.
 
     Returns:
         The decoded image with its displayed full-resolution size.
 
     Raises:
-        InvalidImage: empty, unknown, corrupt or truncated data (415).
+        BadRequest: empty data (400).
+        InvalidImage: an unaccepted, unknown, corrupt or truncated file (415); the detail names
+            the format and the fault.
         PayloadTooLarge: more than ``max_pixels`` pixels, decompression bombs included (413).
     """
     if not data:
-        raise InvalidImage("the image is empty (0 bytes)")
+        raise BadRequest("the image is empty (0 bytes)")
+    # The backstop for Pillow's nested checks (see the top of this module): it raises above
+    # 2 * MAX_IMAGE_PIXELS >= max_pixels. A process serves one limit, so this never flips.
+    Image.MAX_IMAGE_PIXELS = (max_pixels + 1) // 2
+    name = sniff_format(data) or "image"  # for messages; Pillow's id once it has opened the file
+    fmt = "unknown"
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", Image.DecompressionBombWarning)
-            image = Image.open(io.BytesIO(data))
-            stored_w, stored_h = image.size
-            if stored_w * stored_h > max_pixels:
-                raise PayloadTooLarge(
-                    f"the image is {stored_w}x{stored_h} = {stored_w * stored_h} pixels; the limit is {max_pixels}"
-                )
-            orientation = image.getexif().get(0x0112, 1)
-            transposed = orientation in _TRANSPOSED_ORIENTATIONS
-            width, height = (stored_h, stored_w) if transposed else (stored_w, stored_h)
-            if draft_size is not None and image.format == "JPEG":
-                stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
-                image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
-            image.load()
-            image = ImageOps.exif_transpose(image)
-            image = image.convert(color_mode)
-    except PayloadTooLarge:
+        image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
+        fmt = image.format or fmt
+        name = _NAMES.get(fmt, fmt)
+        stored_w, stored_h = image.size
+        _check_pixels(stored_w, stored_h, max_pixels)
+        orientation = _orientation(image)
+        transposed = orientation in _TRANSPOSED_ORIENTATIONS
+        width, height = (stored_h, stored_w) if transposed else (stored_w, stored_h)
+        if draft_size is not None and fmt in ("JPEG", "MPO"):
+            stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
+            image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
+        image.load()
+        if image.size[0] * image.size[1] > max_pixels:  # a plugin that learnt its size while loading
+            _check_pixels(*image.size, max_pixels)
+        if orientation != 1 and _orientation(image) == 1:
+            # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
+            # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
+            orientation, (width, height) = 1, image.size
+        image = _to_mode(image, color_mode, background)
+        if orientation in _DISPLAY_TRANSPOSE:
+            image = image.transpose(_DISPLAY_TRANSPOSE[orientation])
+    except (BadRequest, InvalidImage, PayloadTooLarge):
         raise
+    except Image.DecompressionBombError as exc:
+        found = re.search(r"\((\d+) pixels\)", str(exc))
+        pixels = f"{found.group(1)} pixels" if found else "more pixels than that"
+        raise PayloadTooLarge(
+            f"the {name} image declares {pixels}; the limit is {max_pixels} (a decompression bomb?)"
+        ) from None
+    except MemoryError:
+        raise PayloadTooLarge(f"decoding the {name} image needs more memory than this server has") from None
     except UnidentifiedImageError:
-        raise InvalidImage("the data is not an image in a format this server decodes") from None
-    except (OSError, SyntaxError, ValueError, Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
-        raise InvalidImage(f"the image could not be decoded: {exc}") from None
-    return DecodedImage(image=image, width=width, height=height, format=image.format or "unknown")
+        raise _unidentified(data) from None
+    except (OSError, EOFError, SyntaxError) as exc:
+        fault = "truncated" if "truncated" in str(exc) or isinstance(exc, EOFError) else "corrupt"
+        raise InvalidImage(f"the {name} image is {fault}: {exc}") from None
+    except Exception as exc:  # whatever a crafted file makes a decoder raise is still the file's fault
+        log.debug("decoding failed", exc_info=True)
+        raise InvalidImage(f"the {name} image is corrupt ({type(exc).__name__}: {exc})") from None
+    return DecodedImage(image=image, width=width, height=height, format=fmt)

@@ -46,7 +46,11 @@ def _decode_and_preprocess(model: ModelVersion, data: bytes, max_pixels: int) ->
     """Blocking: runs in the decode thread pool. Returns the image and its (C, H, W) input."""
     preprocessor = model.preprocessor
     decoded = decode_image(
-        data, color_mode=preprocessor.spec.color_mode, max_pixels=max_pixels, draft_size=preprocessor.draft_size
+        data,
+        color_mode=preprocessor.spec.color_mode,
+        max_pixels=max_pixels,
+        draft_size=preprocessor.draft_size,
+        background=preprocessor.spec.background,
     )
     return decoded, preprocessor(decoded.image)
 

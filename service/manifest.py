@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -52,6 +52,9 @@ class Size(_Strict):
     width: int = Field(gt=0)
 
 
+Channel = Annotated[int, Field(ge=0, le=255)]  # one 8-bit colour component
+
+
 class Preprocessing(_Strict):
     """How a decoded image becomes the model's input tensor.
 
@@ -61,6 +64,8 @@ class Preprocessing(_Strict):
       ``ViTImageProcessor`` policy). Output (C, size.height, size.width).
 
     Then ``x = (pixel * scale - mean[c]) / std[c]`` per channel, float32, channels first.
+    Transparent pixels (alpha, palette or colour-key transparency) are first composited onto
+    ``background`` (optional; white by default).
     """
 
     color_mode: Literal["L", "RGB"]
@@ -70,6 +75,9 @@ class Preprocessing(_Strict):
     scale: float = Field(1 / 255, gt=0)
     mean: list[float]
     std: list[float]
+    background: tuple[Channel, Channel, Channel] = Field(
+        (255, 255, 255), description="(R, G, B), 0-255, composited under transparent pixels before conversion."
+    )
 
     @model_validator(mode="after")
     def _per_channel(self) -> Preprocessing:

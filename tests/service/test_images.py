@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.errors import InvalidImage, PayloadTooLarge
+from service.errors import BadRequest, InvalidImage, PayloadTooLarge
 from service.images import decode_image
 from service.manifest import Preprocessing
 from service.preprocess import Preprocessor
@@ -80,9 +80,9 @@ def test_decode_converts_rgb_to_grayscale_and_back() -> None:
 @pytest.mark.parametrize(
     ("data", "error", "match"),
     [
-        (b"", InvalidImage, "empty"),
+        (b"", BadRequest, "empty"),
         (b"definitely not an image", InvalidImage, "not an image"),
-        (png_bytes(np.zeros((64, 64), np.uint8))[:60], InvalidImage, "could not be decoded"),
+        (png_bytes(np.zeros((64, 64), np.uint8))[:60], InvalidImage, "the PNG image is truncated"),
         (png_bytes(np.zeros((101, 100), np.uint8)), PayloadTooLarge, "10100 pixels"),
     ],
 )

@@ -1,0 +1,108 @@
+"""Every file in tests/images and every generated kind, posted to the in-process app.
+
+Each case asserts the exact status; a decodable file must report its displayed size and come
+back with a prediction, an undecodable one with a problem that names what is wrong.
+"""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from service.images import HEIF_AVAILABLE
+from tests.conftest import ROOT, running_app
+from tests.service.image_fixtures import GENERATED
+
+pytestmark = pytest.mark.anyio
+IMAGES = ROOT / "tests" / "images"
+CLASSIFY = "/v1/models/vit-digits/classify"
+LABELS = {str(i) for i in range(10)}
+
+# Status and displayed (width, height), or status and a part of the problem's detail.
+COMMITTED: dict[str, tuple[int, tuple[int, int] | str]] = {
+    "exif_orientation/Landscape_1.jpg": (200, (1800, 1200)),
+    "exif_orientation/Landscape_3.jpg": (200, (1800, 1200)),
+    "exif_orientation/Landscape_6.jpg": (200, (1800, 1200)),
+    "exif_orientation/Landscape_8.jpg": (200, (1800, 1200)),
+    "exif_orientation/Portrait_1.jpg": (200, (1200, 1800)),
+    "exif_orientation/Portrait_5.jpg": (200, (1200, 1800)),
+    "pillow/app13-multiple.jpg": (200, (256, 160)),
+    "pillow/broken.png": (415, "the PNG image is corrupt"),
+    "pillow/chi.gif": (200, (320, 240)),
+    "pillow/decompression_bomb.gif": (413, "4364696535 pixels"),
+    "pillow/hopper.bmp": (200, (128, 128)),
+    "pillow/hopper.heif": (200, (128, 128)),  # with the heic extra, which `make test` installs
+    "pillow/hopper.tif": (200, (128, 128)),
+    "pillow/hopper.webp": (200, (128, 128)),
+    "pillow/hopper_gray.jpg": (200, (128, 128)),
+    "pillow/i_trns.png": (200, (64, 64)),
+    "pillow/pil123p.png": (200, (162, 150)),
+    "pillow/pil123rgba.png": (200, (162, 150)),
+    "pillow/pil_sample_cmyk.jpg": (200, (100, 100)),
+    "pillow/truncated_jpeg.jpg": (415, "the JPEG image is truncated"),
+    "skimage/astronaut.png": (200, (512, 512)),
+    "skimage/chelsea.png": (200, (451, 300)),
+    "skimage/coffee.png": (200, (600, 400)),
+}
+
+
+@pytest.fixture(scope="module")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="module")
+async def client():
+    async with running_app(max_batch_size=4) as client:
+        yield client
+
+
+def test_every_committed_image_has_an_expectation_and_a_licence() -> None:
+    on_disk = {str(p.relative_to(IMAGES)) for p in IMAGES.rglob("*") if p.is_file() and p.suffix not in (".tsv", ".md")}
+    with (IMAGES / "MANIFEST.tsv").open(newline="") as manifest:
+        rows = {row["local_path"]: row for row in csv.DictReader(manifest, delimiter="\t")}
+    assert on_disk == set(COMMITTED) == set(rows)
+    assert all(rows[path]["license"] and rows[path]["source_repo"] for path in rows)
+
+
+def test_the_heic_extra_is_installed_where_the_suite_runs() -> None:
+    # `make test` installs .[cpu,train,dev,heic]; the path without it is tested in test_images.py.
+    assert HEIF_AVAILABLE, "pillow-heif missing: `make test` installs the heic extra into .venv"
+
+
+async def _check(client, data: bytes, status: int, expected: tuple[int, int] | str | None) -> None:
+    response = await client.post(CLASSIFY, files={"image": ("upload", data)}, params={"top_k": 1})
+    assert response.status_code == status, response.text
+    body = response.json()
+    if status == 200:
+        assert body["image"] == {"width": expected[0], "height": expected[1]}
+        (prediction,) = body["predictions"]
+        assert prediction["label"] in LABELS and 0.0 <= prediction["score"] <= 1.0
+    else:
+        assert response.headers["content-type"] == "application/problem+json"
+        assert body["status"] == status and expected in body["detail"], body
+
+
+@pytest.mark.parametrize("path", sorted(COMMITTED))
+async def test_committed_image(client, path: str) -> None:
+    status, expected = COMMITTED[path]
+    await _check(client, (IMAGES / path).read_bytes(), status, expected)
+
+
+@pytest.mark.parametrize("name", sorted(GENERATED))
+async def test_generated_image(client, name: str) -> None:
+    case = GENERATED[name]()
+    await _check(client, case.data, case.status, case.size if case.status == 200 else case.detail)
+
+
+async def test_every_kind_in_one_request_answers_each_in_order(client) -> None:
+    names = ["exif-orientation-6.jpg", "bomb-header.png", "truncated.gif", "cmyk.jpg", "document.pdf"]
+    cases = [GENERATED[n]() for n in names]
+    files = [("image", (n, c.data)) for n, c in zip(names, cases, strict=True)] + [("image", ("empty", b""))]
+    response = await client.post(CLASSIFY, files=files, params={"top_k": 1})
+    assert response.status_code == 200
+    results = response.json()["results"]
+    assert [r.get("status", 200) for r in results] == [200, 413, 415, 200, 415, 400]
+    assert results[0]["image"] == {"width": 48, "height": 32} and results[3]["image"] == {"width": 16, "height": 12}
+    assert "PDF" in results[4]["detail"] and "empty" in results[5]["detail"]
