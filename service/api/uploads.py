@@ -2,20 +2,27 @@
 
 Three request forms carry images (DESIGN.md, "Receive"):
 
-* ``multipart/form-data`` with one or more parts named ``image`` (``curl -F image=@a.jpg``);
+* ``multipart/form-data`` with one or more parts named ``image`` (``curl -F image=@a.jpg``),
+  parsed as it streams in: parts with other names are counted and dropped, never kept;
 * a raw body with an ``image/*`` or ``application/octet-stream`` content type;
-* ``application/json``: ``{"images": ["<base64>", ...]}`` (a ``data:`` URL prefix is allowed).
+* ``application/json``: ``{"images": ["<base64>", ...]}`` (a ``data:`` URL prefix is allowed;
+  a URL is not fetched).
+
+A ``Content-Length`` over the cap is refused before a byte is read; a chunked body is counted
+as it arrives and refused as soon as it passes the cap, so no body over the cap is ever held.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+from collections.abc import AsyncIterator
 
 import orjson
-from python_multipart.multipart import MultipartParser, parse_options_header
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
+from service.api.openapi import DIGIT_PNG_BASE64
 from service.errors import BadRequest, InvalidImage, PayloadTooLarge
 
 RAW_TYPES = ("application/octet-stream",)
@@ -52,24 +59,23 @@ OPENAPI_IMAGE_BODY = {
                             "type": "array",
                             "minItems": 1,
                             "items": {"type": "string", "contentEncoding": "base64"},
-                            "description": "Base64-encoded image files.",
+                            "description": "Base64 image files (a data: URL prefix is allowed; URLs are not fetched).",
                         }
                     },
-                }
+                },
+                "example": {"images": [DIGIT_PNG_BASE64]},
             },
         },
     }
 }
 
 
-async def read_body(request: Request, max_bytes: int) -> bytes:
-    """The whole body, refusing more than ``max_bytes`` before it is all read.
-
-    A ``Content-Length`` above the cap is refused before a byte is read; a chunked body is
-    counted as it arrives and refused as soon as it passes the cap.
+async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, refusing more than ``max_bytes`` in all.
 
     Raises:
-        PayloadTooLarge: the body is larger than ``max_bytes`` (413).
+        PayloadTooLarge: ``Content-Length`` says, or the chunks so far show, the body is over
+            ``max_bytes`` (413).
         BadRequest: the client went away mid-body, or the Content-Length is not a number.
     """
     declared = request.headers.get("content-length")
@@ -78,66 +84,110 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
             raise BadRequest(f"Content-Length {declared!r} is not a number")
         if int(declared) > max_bytes:
             raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {max_bytes}")
-    chunks, size = [], 0
+    size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_bytes:
                 raise PayloadTooLarge(f"the body is over the limit of {max_bytes} bytes")
-            chunks.append(chunk)
+            if chunk:
+                yield chunk
     except ClientDisconnect:
         raise BadRequest("the client disconnected before sending the whole body") from None
-    return b"".join(chunks)
 
 
-def _multipart_images(body: bytes, content_type: str, max_images: int) -> list[bytes]:
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The whole body, refusing more than ``max_bytes`` before it is all read.
+
+    Raises:
+        PayloadTooLarge: the body is larger than ``max_bytes`` (413).
+        BadRequest: the client went away mid-body, or the Content-Length is not a number.
+    """
+    return b"".join([chunk async for chunk in _chunks(request, max_bytes)])
+
+
+class _MultipartImages:
+    """Collects the parts named ``image`` from a multipart body fed in chunks.
+
+    Other parts are counted against ``max_parts`` and their data dropped.
+    """
+
+    def __init__(self, boundary: bytes, *, max_images: int, max_parts: int) -> None:
+        self.max_images, self.max_parts = max_images, max_parts
+        self.images: list[bytes] = []
+        self.parts = 0
+        self._field, self._value = bytearray(), bytearray()
+        self._name: str | None = None
+        self._data: list[bytes] = []
+        self._parser = MultipartParser(
+            boundary,
+            {
+                "on_part_begin": self._on_part_begin,
+                "on_header_field": lambda data, start, end: self._field.extend(data[start:end]),
+                "on_header_value": lambda data, start, end: self._value.extend(data[start:end]),
+                "on_header_end": self._on_header_end,
+                "on_part_data": self._on_part_data,
+                "on_part_end": self._on_part_end,
+            },
+        )
+
+    def _on_part_begin(self) -> None:
+        self.parts += 1
+        if self.parts > self.max_parts:
+            raise BadRequest(f"more than {self.max_parts} parts in one multipart body")
+        self._name, self._data = None, []
+
+    def _on_header_end(self) -> None:
+        if bytes(self._field).lower() == b"content-disposition":
+            _, disposition = parse_options_header(bytes(self._value))
+            self._name = disposition.get(b"name", b"").decode("latin-1")
+        self._field.clear()
+        self._value.clear()
+
+    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self._name == IMAGE_FIELD:
+            self._data.append(data[start:end])
+
+    def _on_part_end(self) -> None:
+        if self._name == IMAGE_FIELD:
+            if len(self.images) >= self.max_images:
+                raise BadRequest(f"more than {self.max_images} images in one request")
+            self.images.append(b"".join(self._data))
+        self._data = []
+
+    def write(self, chunk: bytes) -> None:
+        try:
+            self._parser.write(chunk)
+        except BadRequest:
+            raise
+        except Exception as exc:  # python-multipart raises its own errors for malformed bodies
+            raise BadRequest(f"malformed multipart body: {exc}") from None
+
+    def finish(self) -> list[bytes]:
+        if self.parts == 0:
+            raise BadRequest("the multipart body has no parts (or the boundary does not match the header's)")
+        if self._parser.state != MultipartState.END:
+            raise BadRequest("the multipart body ends before its closing boundary (truncated upload?)")
+        if not self.images:
+            raise BadRequest(f"no multipart part named {IMAGE_FIELD!r}; send the file as -F {IMAGE_FIELD}=@file.jpg")
+        return self.images
+
+
+async def _multipart_images(
+    request: Request, content_type: str, *, max_body_bytes: int, max_images: int, max_parts: int
+) -> list[bytes]:
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadRequest("multipart/form-data without a boundary")
-    images: list[bytes] = []
-    state: dict[str, object] = {"header": b"", "name": None, "data": []}
-
-    def on_part_begin() -> None:
-        state["name"], state["data"] = None, []
-
-    def on_header_field(data: bytes, start: int, end: int) -> None:
-        state["header"] = data[start:end].lower()
-
-    def on_header_value(data: bytes, start: int, end: int) -> None:
-        if state["header"] == b"content-disposition":
-            _, disposition = parse_options_header(data[start:end])
-            state["name"] = disposition.get(b"name", b"").decode("latin-1")
-
-    def on_part_data(data: bytes, start: int, end: int) -> None:
-        state["data"].append(data[start:end])  # type: ignore[union-attr]
-
-    def on_part_end() -> None:
-        if state["name"] == IMAGE_FIELD:
-            if len(images) >= max_images:
-                raise BadRequest(f"more than {max_images} images in one request")
-            images.append(b"".join(state["data"]))  # type: ignore[arg-type]
-
-    parser = MultipartParser(
-        boundary,
-        {
-            "on_part_begin": on_part_begin,
-            "on_header_field": on_header_field,
-            "on_header_value": on_header_value,
-            "on_part_data": on_part_data,
-            "on_part_end": on_part_end,
-        },
-    )
-    try:
-        parser.write(body)
-        parser.finalize()
-    except BadRequest:
-        raise
-    except Exception as exc:  # python-multipart raises its own errors for malformed bodies
-        raise BadRequest(f"malformed multipart body: {exc}") from None
-    if not images:
-        raise BadRequest(f"no multipart part named {IMAGE_FIELD!r}; send the file as -F {IMAGE_FIELD}=@file.jpg")
-    return images
+    collector = _MultipartImages(boundary, max_images=max_images, max_parts=max_parts)
+    received = False
+    async for chunk in _chunks(request, max_body_bytes):
+        received = True
+        collector.write(chunk)
+    if not received:
+        raise BadRequest("the request body is empty; send an image")
+    return collector.finish()
 
 
 def _json_images(body: bytes, max_images: int) -> list[bytes]:
@@ -152,6 +202,8 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
         raise BadRequest(f"more than {max_images} images in one request")
     images = []
     for i, text in enumerate(encoded):
+        if text.startswith(("http://", "https://", "ftp://", "file:")):
+            raise BadRequest(f"images[{i}] is a URL; this server fetches nothing: send the file's bytes in base64")
         if text.startswith("data:"):
             text = text.partition(",")[2]
         try:
@@ -161,11 +213,20 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
     return images
 
 
-async def read_images(request: Request, *, max_body_bytes: int, max_images: int) -> list[bytes]:
+async def read_images(
+    request: Request, *, max_body_bytes: int, max_images: int, max_parts: int | None = None
+) -> list[bytes]:
     """The image files a request carries, in order.
 
+    Args:
+        request: the incoming request; its body is read here.
+        max_body_bytes: the body-size cap (413 above it).
+        max_images: most images in one request (400 above it).
+        max_parts: most multipart parts of any name (400 above it); default ``2 * max_images``.
+
     Raises:
-        BadRequest: empty body, malformed multipart or JSON, no image, too many images (400).
+        BadRequest: empty body, malformed multipart or JSON, no image, too many images or
+            parts, a URL instead of a file (400).
         PayloadTooLarge: body over ``max_body_bytes`` (413).
         InvalidImage: a content type that is not an image, multipart, JSON or octet-stream (415).
     """
@@ -177,11 +238,17 @@ async def read_images(request: Request, *, max_body_bytes: int, max_images: int)
             f"content type {media_type or '(none)'!r} is not accepted; send multipart/form-data with an "
             f"'image' part, a raw body with an image/* type, or JSON {{\"images\": [base64]}}"
         )
+    if media_type == "multipart/form-data":
+        return await _multipart_images(
+            request,
+            content_type,
+            max_body_bytes=max_body_bytes,
+            max_images=max_images,
+            max_parts=max_parts or 2 * max_images,
+        )
     body = await read_body(request, max_body_bytes)
     if not body:
         raise BadRequest("the request body is empty; send an image")
-    if media_type == "multipart/form-data":
-        return _multipart_images(body, content_type, max_images)
     if media_type == "application/json":
         return _json_images(body, max_images)
     return [body]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import State
+from service.api.openapi import problem_responses
 from service.errors import Unavailable
 
 router = APIRouter(tags=["health"])
@@ -19,7 +20,7 @@ async def healthz() -> dict[str, str]:
     "/readyz",
     methods=["GET", "HEAD"],
     summary="Readiness: 200 once every model is loaded and warmed up; 503 before and while draining",
-    responses={503: {"description": "Not ready; the problem's detail says why"}},
+    responses=problem_responses(503),
 )
 async def readyz(state: State) -> dict[str, str]:
     reasons = state.not_ready_reasons()

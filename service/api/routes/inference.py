@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from service import metrics, postprocess
 from service.api.deps import Repository, State
 from service.api.lifetime import requested_timeout, unless_disconnected
+from service.api.openapi import CLASSIFICATION_SCHEMA, image_responses
 from service.api.responses import JSON
 from service.api.uploads import OPENAPI_IMAGE_BODY, read_images
 from service.errors import BadRequest, ProblemError, request_id
@@ -56,7 +57,10 @@ async def _serve(
         _require_task(model, task)
         settings = state.settings
         payloads = await read_images(
-            request, max_body_bytes=settings.max_body_bytes, max_images=settings.max_images_per_request
+            request,
+            max_body_bytes=settings.max_body_bytes,
+            max_images=settings.max_images_per_request,
+            max_parts=settings.max_multipart_parts,
         )
         outcomes = await unless_disconnected(
             request,
@@ -81,6 +85,7 @@ async def _serve(
     summary="Classify one or more images",
     openapi_extra=OPENAPI_IMAGE_BODY,
     response_class=JSON,
+    responses=image_responses(CLASSIFICATION_SCHEMA),
 )
 async def classify(
     name: str,

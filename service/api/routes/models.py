@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from service.api.deps import Repository
+from service.api.openapi import problem_responses
 
 router = APIRouter(prefix="/v1/models", tags=["models"])
 
@@ -22,12 +23,16 @@ def _describe(name: str, repository: Repository) -> dict[str, Any]:
     }
 
 
-@router.get("", summary="Every model: versions, task, input size, labels, provider in use, batching")
+@router.get(
+    "",
+    summary="Every model: versions, task, input size, labels, provider in use, batching",
+    responses=problem_responses(401, 503),
+)
 async def list_models(repository: Repository) -> dict[str, Any]:
     return {"models": [_describe(name, repository) for name in sorted(repository.models)]}
 
 
-@router.get("/{name}", summary="One model", responses={404: {"description": "No such model"}})
+@router.get("/{name}", summary="One model", responses=problem_responses(401, 404, 503))
 async def get_model(name: str, repository: Repository) -> dict[str, Any]:
     repository.get(name)  # raises ModelNotFound (404) for an unknown name
     return _describe(name, repository)
