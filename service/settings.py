@@ -6,6 +6,7 @@ below them takes plain values, so tests build apps with settings of their own.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -14,6 +15,9 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "PATCHSERVE_"
+_TOKEN68 = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
+_ORIGIN = re.compile(r"^https?://[^/\s,]+$")
+_SECRET_FIELDS = {"api_keys"}
 
 
 class Settings(BaseSettings):
@@ -49,13 +53,22 @@ class Settings(BaseSettings):
         40_000_000, ge=64, description="Largest image (width x height, from its header) decoded (413)."
     )
     max_images_per_request: int = Field(32, ge=1, description="Most images in one request (400).")
+    max_multipart_parts: int = Field(64, ge=1, description="Most parts, of any name, in one multipart body (400).")
 
     intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: ORT's default).")
     inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: ORT's default).")
     decode_threads: int = Field(0, ge=0, description="Threads decoding images (0: one per core).")
 
     api_keys: Annotated[list[str], NoDecode] = Field(
-        default_factory=list, description="Comma-separated bearer tokens; empty: no authentication."
+        default_factory=list, description="Comma-separated bearer tokens; empty: no authentication.", repr=False
+    )
+    auth_public_paths: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["/healthz", "/readyz", "/metrics"],
+        description="Comma-separated paths served without an API key when api_keys is set (probes, scraping).",
+    )
+    cors_allow_origins: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="Comma-separated origins browsers may call from ('*': any); empty: no CORS headers at all.",
     )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
@@ -77,12 +90,33 @@ class Settings(BaseSettings):
         75, ge=1, description="Seconds an idle keep-alive connection stays open (above proxies' 60 s)."
     )
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "auth_public_paths", "cors_allow_origins", mode="before")
     @classmethod
     def _split_keys(cls, value: object) -> object:
         if isinstance(value, str):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys_are_tokens(cls, keys: list[str]) -> list[str]:
+        if not all(_TOKEN68.match(key) for key in keys):
+            raise ValueError("each key must be letters, digits and -._~+/ (RFC 7235 token68): openssl rand -hex 32")
+        return keys
+
+    @field_validator("auth_public_paths")
+    @classmethod
+    def _paths_are_absolute(cls, paths: list[str]) -> list[str]:
+        if not all(path.startswith("/") for path in paths):
+            raise ValueError("each path must start with '/', e.g. /healthz")
+        return paths
+
+    @field_validator("cors_allow_origins")
+    @classmethod
+    def _origins(cls, origins: list[str]) -> list[str]:
+        if not all(origin == "*" or _ORIGIN.match(origin) for origin in origins):
+            raise ValueError("each origin must be '*' or scheme://host[:port] with no path, e.g. https://app.example")
+        return origins
 
 
 def load_settings(**overrides: object) -> Settings:
@@ -98,6 +132,7 @@ def load_settings(**overrides: object) -> Settings:
         lines = []
         for error in exc.errors():
             field = ".".join(str(part) for part in error["loc"])
-            lines.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {error.get('input')!r})")
+            got = "<hidden>" if field.split(".")[0] in _SECRET_FIELDS else repr(error.get("input"))
+            lines.append(f"{ENV_PREFIX}{field.upper()}: {error['msg']} (got {got})")
         print("patchserve: invalid settings:\n  " + "\n  ".join(lines), file=sys.stderr)
         raise SystemExit(2) from None
