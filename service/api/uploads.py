@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import orjson
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
@@ -106,54 +106,64 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join([chunk async for chunk in _chunks(request, max_bytes)])
 
 
+class _Parts:
+    """python-multipart callbacks: keep the data of parts named ``image``, count every part."""
+
+    def __init__(self, *, max_images: int, max_parts: int) -> None:
+        self.max_images, self.max_parts = max_images, max_parts
+        self.images: list[bytes] = []
+        self.count = 0
+        self.field, self.value = bytearray(), bytearray()
+        self.name: str | None = None
+        self.data: list[bytes] = []
+
+    def callbacks(self) -> dict[str, Callable[..., None]]:
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": lambda data, start, end: self.field.extend(data[start:end]),
+            "on_header_value": lambda data, start, end: self.value.extend(data[start:end]),
+            "on_header_end": self.on_header_end,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+        }
+
+    def on_part_begin(self) -> None:
+        self.count += 1
+        if self.count > self.max_parts:
+            raise BadRequest(f"more than {self.max_parts} parts in one multipart body")
+        self.name, self.data = None, []
+
+    def on_header_end(self) -> None:
+        if bytes(self.field).lower() == b"content-disposition":
+            _, disposition = parse_options_header(bytes(self.value))
+            self.name = disposition.get(b"name", b"").decode("latin-1")
+        self.field.clear()
+        self.value.clear()
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.name == IMAGE_FIELD:
+            self.data.append(data[start:end])
+
+    def on_part_end(self) -> None:
+        if self.name == IMAGE_FIELD:
+            if len(self.images) >= self.max_images:
+                raise BadRequest(f"more than {self.max_images} images in one request")
+            self.images.append(b"".join(self.data))
+        self.data = []
+
+
 class _MultipartImages:
     """Collects the parts named ``image`` from a multipart body fed in chunks.
 
-    Other parts are counted against ``max_parts`` and their data dropped.
+    Other parts are counted against ``max_parts`` and their data dropped. The parser's
+    callbacks belong to a separate :class:`_Parts`, so no reference cycle runs through the
+    parser: when a request fails, its body is freed at once, not at the next cyclic garbage
+    collection (a cycle here kept every refused multipart body, up to the cap, alive).
     """
 
     def __init__(self, boundary: bytes, *, max_images: int, max_parts: int) -> None:
-        self.max_images, self.max_parts = max_images, max_parts
-        self.images: list[bytes] = []
-        self.parts = 0
-        self._field, self._value = bytearray(), bytearray()
-        self._name: str | None = None
-        self._data: list[bytes] = []
-        self._parser = MultipartParser(
-            boundary,
-            {
-                "on_part_begin": self._on_part_begin,
-                "on_header_field": lambda data, start, end: self._field.extend(data[start:end]),
-                "on_header_value": lambda data, start, end: self._value.extend(data[start:end]),
-                "on_header_end": self._on_header_end,
-                "on_part_data": self._on_part_data,
-                "on_part_end": self._on_part_end,
-            },
-        )
-
-    def _on_part_begin(self) -> None:
-        self.parts += 1
-        if self.parts > self.max_parts:
-            raise BadRequest(f"more than {self.max_parts} parts in one multipart body")
-        self._name, self._data = None, []
-
-    def _on_header_end(self) -> None:
-        if bytes(self._field).lower() == b"content-disposition":
-            _, disposition = parse_options_header(bytes(self._value))
-            self._name = disposition.get(b"name", b"").decode("latin-1")
-        self._field.clear()
-        self._value.clear()
-
-    def _on_part_data(self, data: bytes, start: int, end: int) -> None:
-        if self._name == IMAGE_FIELD:
-            self._data.append(data[start:end])
-
-    def _on_part_end(self) -> None:
-        if self._name == IMAGE_FIELD:
-            if len(self.images) >= self.max_images:
-                raise BadRequest(f"more than {self.max_images} images in one request")
-            self.images.append(b"".join(self._data))
-        self._data = []
+        self._parts = _Parts(max_images=max_images, max_parts=max_parts)
+        self._parser = MultipartParser(boundary, self._parts.callbacks())
 
     def write(self, chunk: bytes) -> None:
         try:
@@ -164,13 +174,13 @@ class _MultipartImages:
             raise BadRequest(f"malformed multipart body: {exc}") from None
 
     def finish(self) -> list[bytes]:
-        if self.parts == 0:
+        if self._parts.count == 0:
             raise BadRequest("the multipart body has no parts (or the boundary does not match the header's)")
         if self._parser.state != MultipartState.END:
             raise BadRequest("the multipart body ends before its closing boundary (truncated upload?)")
-        if not self.images:
+        if not self._parts.images:
             raise BadRequest(f"no multipart part named {IMAGE_FIELD!r}; send the file as -F {IMAGE_FIELD}=@file.jpg")
-        return self.images
+        return self._parts.images
 
 
 async def _multipart_images(

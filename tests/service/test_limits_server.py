@@ -1,0 +1,105 @@
+"""A real server process (uvicorn from .venv-serve, no torch, no heic extra) under hostile input.
+
+While 200 MB uploads are refused, with a Content-Length and chunked without one, the server's
+peak resident memory (VmHWM in /proc/<pid>/status) must grow by less than twice the body
+limit: the body is never held whole. The same process shows the slim install's HEIC answer,
+raw ``../`` paths, and that bombs and broken files leave the worker serving.
+"""
+
+from __future__ import annotations
+
+import select
+import socket
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import ROOT, server_process
+from tests.service.image_fixtures import GENERATED
+
+pytestmark = pytest.mark.slow
+LIMIT = 20 * 1024 * 1024  # the default PATCHSERVE_MAX_BODY_BYTES
+UPLOAD = 200 * 10**6
+PIECE = 1 << 20
+CLASSIFY = "/v1/models/vit-digits/classify"
+
+
+def peak_rss(pid: int) -> int:
+    """VmHWM (peak resident set size) of ``pid``, in bytes."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM in /proc status")
+
+
+def upload(port: int, content_type: str, *, chunked: bool, preamble: bytes = b"") -> tuple[bytes, int]:
+    """Send a 200 MB body until the server answers; returns (status line, bytes sent)."""
+    framing = b"Transfer-Encoding: chunked" if chunked else b"Content-Length: %d" % UPLOAD
+    head = b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: %s\r\n%s\r\n\r\n" % (
+        CLASSIFY.encode(),
+        content_type.encode(),
+        framing,
+    )
+    sent, block = 0, b"\0" * PIECE
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(head)
+        try:
+            first = True
+            while sent < UPLOAD and not select.select([sock], [], [], 0)[0]:  # stop once it answered
+                data = preamble + block[len(preamble) :] if first else block
+                first = False
+                sock.sendall(b"%x\r\n%s\r\n" % (len(data), data) if chunked else data)
+                sent += len(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server answered and closed while we were still sending
+        response = b""
+        while b"\r\n" not in response:
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            response += chunk
+    return response.split(b"\r\n", 1)[0], sent
+
+
+def test_refusing_200_mb_uploads_keeps_peak_memory_under_twice_the_body_limit() -> None:
+    multipart = b"--xyz\r\nContent-Disposition: form-data; name=image; filename=a.png\r\n\r\n"
+    with server_process() as (url, process):
+        port = int(url.rsplit(":", 1)[1])
+        digit = (ROOT / "examples" / "digit-7.png").read_bytes()
+        assert httpx.post(url + CLASSIFY, files={"image": digit}).status_code == 200  # warm
+        before = peak_rss(process.pid)
+        answers = [  # twice: a refused body kept alive by anything would add up
+            answer
+            for _ in range(2)
+            for answer in (
+                upload(port, "image/png", chunked=False),
+                upload(port, "image/png", chunked=True),
+                upload(port, "multipart/form-data; boundary=xyz", chunked=True, preamble=multipart),
+                upload(port, "application/json", chunked=True),
+            )
+        ]
+        growth = peak_rss(process.pid) - before
+        assert httpx.get(url + "/healthz").status_code == 200
+    print(f"peak RSS before {before / 2**20:.1f} MiB, growth {growth / 2**20:.1f} MiB; answers {answers}")
+    assert [status for status, _ in answers] == [b"HTTP/1.1 413 Request Entity Too Large"] * 8
+    assert all(sent < UPLOAD for _, sent in answers)  # answered long before the end of the body
+    assert growth < 2 * LIMIT
+
+
+def test_the_slim_install_answers_heic_with_415_and_keeps_serving_after_hostile_files() -> None:
+    heic = (ROOT / "tests" / "images" / "pillow" / "hopper.heif").read_bytes()
+    hostile = [GENERATED[name]().data for name in ("bomb-pillow-only-warns.png", "truncated.gif", "bomb-canvas.webp")]
+    hostile.append((ROOT / "tests" / "images" / "pillow" / "decompression_bomb.gif").read_bytes())
+    with server_process() as (url, _):
+        response = httpx.post(url + CLASSIFY, files={"image": heic})
+        statuses = [httpx.post(url + CLASSIFY, files={"image": data}).status_code for data in hostile]
+        with socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])), timeout=10) as sock:
+            sock.sendall(b"GET /v1/models/../../../etc/passwd HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            traversal = sock.recv(4096).split(b"\r\n", 1)[0]
+        alive = httpx.post(url + CLASSIFY, files={"image": (ROOT / "examples" / "digit-7.png").read_bytes()})
+    assert response.status_code == 415
+    assert "HEIC/HEIF images need the optional HEIF decoder" in response.json()["detail"]
+    assert statuses == [413, 415, 413, 413]
+    assert traversal == b"HTTP/1.1 404 Not Found"
+    assert alive.status_code == 200 and alive.json()["predictions"][0]["label"] == "7"
