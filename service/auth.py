@@ -30,6 +30,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from service.api.openapi import problem_responses
 from service.errors import Unauthorized, problem_response
 from service.settings import Settings
 
@@ -105,6 +106,8 @@ def _declare_bearer(app: FastAPI, public_paths: frozenset[str]) -> None:
         for path, operations in schema.get("paths", {}).items():
             for operation in operations.values():
                 operation["security"] = [] if path in public_paths else [{SECURITY_SCHEME: []}]
+                if path not in public_paths:
+                    operation.setdefault("responses", {}).setdefault("401", problem_responses(401)[401])
         return schema
 
     app.openapi = openapi  # type: ignore[method-assign]

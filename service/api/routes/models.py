@@ -32,7 +32,7 @@ async def list_models(repository: Repository) -> dict[str, Any]:
     return {"models": [_describe(name, repository) for name in sorted(repository.models)]}
 
 
-@router.get("/{name}", summary="One model", responses=problem_responses(401, 404, 503))
+@router.get("/{name}", summary="One model", responses=problem_responses(401, 404, 422, 503))
 async def get_model(name: str, repository: Repository) -> dict[str, Any]:
     repository.get(name)  # raises ModelNotFound (404) for an unknown name
     return _describe(name, repository)
