@@ -220,7 +220,9 @@ def decode_image(
     its first frame. The EXIF orientation (1-8, EXIF 2.32 tag 0x0112) is applied, so pixels and
     the reported size are those of the image as displayed. CMYK and YCCK become RGB; 16-bit
     images are rescaled to 8 bits; alpha and palette or colour-key transparency are composited
-    onto ``background``; 1-bit becomes 0/255.
+    onto ``background``; 1-bit becomes 0/255. A HEIF's orientation is its irot/imir boxes,
+    which libheif applies while decoding (the HEIF spec makes its EXIF orientation informative
+    only; pillow-heif resets that to 1), and Pillow 12+ turns a TIFF upright while loading.
 
     Args:
         data: the file's bytes.

@@ -2,7 +2,8 @@
 
 The fast tests check the declarations; the slow one runs schemathesis (examples, coverage,
 fuzzing and stateful phases) against a real server, with and without API keys, and requires no
-5xx and no response outside the document: undeclared status, content type, header or body.
+5xx (but the 504 a request's own tiny deadline earns) and no response outside the document:
+undeclared status, content type, header or body.
 (``positive_data_acceptance`` is not run: "any bytes" is a schema-valid image body that is
 rightly a 415.) Run against the code before this document declared its problem responses,
 schemathesis found an undeclared 400, 404 and 415 and a 422 served as problem+json but
@@ -85,7 +86,13 @@ async def test_the_documented_example_works_and_responses_match_their_schemas() 
 
 def _schemathesis(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
-    config.write_text('[parameters]\n"path.name" = "vit-digits"\n')  # reach past the 404 for unknown names
+    config.write_text(
+        '[parameters]\n"path.name" = "vit-digits"\n'  # reach past the 404 for unknown names
+        # A 504 is the documented answer when a request's own deadline (?timeout= or
+        # X-Request-Timeout, which schemathesis sets to values like 5e-324 s) passes before it is
+        # computed; every other 5xx still fails the run.
+        '[checks.not_a_server_error]\nexpected-statuses = ["2xx", "3xx", "4xx", "504"]\n'
+    )
     seed = ["--seed", "1"] if os.environ.get("CI") == "true" else []
     command = [str(SCHEMATHESIS), "--config-file", str(config), "run", url + "/openapi.json", "--checks", CHECKS]
     command += ["--max-examples", "60", "--workers", "2", *seed, *extra]
