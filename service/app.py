@@ -84,7 +84,11 @@ def create_app(settings: Settings) -> FastAPI:
     """
     validate_repository(settings)
     decode_threads = settings.decode_threads or os.cpu_count() or 1
-    state = ServerState(settings, ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"))
+    state = ServerState(
+        settings,
+        ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
+        decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

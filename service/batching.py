@@ -195,6 +195,11 @@ class Batcher:
         """Requests waiting for a batch (each holds one of ``queue_size`` places)."""
         return self._queued
 
+    @property
+    def room(self) -> int:
+        """Places left in the queue: ``queue_size - queued``."""
+        return self.config.queue_size - self._queued
+
     def deadline(self, timeout: float | None = None) -> float:
         """The deadline, on this batcher's clock, of a request arriving now.
 

@@ -8,6 +8,7 @@ requests' images.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -18,7 +19,7 @@ import numpy as np
 
 from service import metrics
 from service.batching import InferenceResult
-from service.errors import ProblemError
+from service.errors import ProblemError, Unavailable
 from service.images import DecodedImage, decode_image
 from service.repository import ModelVersion
 
@@ -55,28 +56,60 @@ def _decode_and_preprocess(model: ModelVersion, data: bytes, max_pixels: int) ->
     return decoded, preprocessor(decoded.image)
 
 
-async def _one(
-    model: ModelVersion, index: int, data: bytes, pool: Executor, max_pixels: int, deadline: float | None
-) -> ImageOutcome:
-    loop = asyncio.get_running_loop()
-    started = time.perf_counter()
-    try:
-        decoded, x = await loop.run_in_executor(pool, _decode_and_preprocess, model, data, max_pixels)
-    except ProblemError as exc:
-        return ImageOutcome(index, None, None, exc, time.perf_counter() - started)
+async def _decode(
+    model: ModelVersion, index: int, data: bytes, pool: Executor, max_pixels: int, limit: asyncio.Semaphore
+) -> tuple[ImageOutcome, np.ndarray | None]:
+    """Decode and preprocess one image in the pool; its outcome so far and its (C, H, W) input."""
+    async with limit:
+        started = time.perf_counter()
+        try:
+            decoded, x = await asyncio.get_running_loop().run_in_executor(
+                pool, _decode_and_preprocess, model, data, max_pixels
+            )
+        except ProblemError as exc:
+            return ImageOutcome(index, None, None, exc, time.perf_counter() - started), None
     decode_seconds = time.perf_counter() - started
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
+    return ImageOutcome(index, decoded, None, None, decode_seconds), x
+
+
+async def _submit(
+    model: ModelVersion, outcome: ImageOutcome, x: np.ndarray | None, deadline: float | None
+) -> ImageOutcome:
+    if x is None:  # decoding failed: the outcome already holds its problem
+        return outcome
     try:
         result = await model.batcher.submit(x, deadline=deadline)
     except ProblemError as exc:
-        return ImageOutcome(index, decoded, None, exc, decode_seconds)
-    return ImageOutcome(index, decoded, result, None, decode_seconds)
+        return dataclasses.replace(outcome, error=exc)
+    return dataclasses.replace(outcome, result=result)
+
+
+def _admit(model: ModelVersion, count: int) -> None:
+    """Refuse the whole request (503) unless the queue has room for all its ``count`` images."""
+    if model.batcher.room < count:
+        raise Unavailable(
+            f"model {model.name}/{model.version}: the queue is full for this request (room for "
+            f"{max(model.batcher.room, 0)} image(s), it has {count}); retry shortly"
+        )
 
 
 async def infer_images(
-    model: ModelVersion, payloads: list[bytes], *, pool: Executor, max_pixels: int, deadline: float | None = None
+    model: ModelVersion,
+    payloads: list[bytes],
+    *,
+    pool: Executor,
+    max_pixels: int,
+    deadline: float | None = None,
+    decode_parallelism: int = 1,
 ) -> list[ImageOutcome]:
-    """Decode, preprocess and run every image of one request, concurrently.
+    """Decode, preprocess and run every image of one request.
+
+    A request is admitted whole or not at all: unless the batcher's queue has room for all its
+    images it is refused before any is decoded, and again after decoding, before any is queued
+    (an overloaded server answers 503, not a 200 full of per-image 503s). Its images are
+    decoded at most ``decode_parallelism`` at a time, so one request of many large images
+    cannot hold the whole decode pool while other requests wait.
 
     Args:
         model: the model version to run.
@@ -86,13 +119,21 @@ async def infer_images(
         deadline: when the request expires, on the batcher's clock (``model.batcher.deadline()``);
             an image still queued then gets a 504. None: the model's ``request_timeout`` from
             when each image is queued.
+        decode_parallelism: most of this request's images decoding at once (>= 1).
 
     Returns:
-        One outcome per payload, in request order; errors are per image, never raised.
+        One outcome per payload, in request order; an image's own errors are in its outcome.
+
+    Raises:
+        Unavailable: the queue has no room for the whole request (503, Retry-After).
     """
-    return list(
-        await asyncio.gather(*(_one(model, i, data, pool, max_pixels, deadline) for i, data in enumerate(payloads)))
+    _admit(model, len(payloads))
+    limit = asyncio.Semaphore(decode_parallelism)
+    decoded = await asyncio.gather(
+        *(_decode(model, i, data, pool, max_pixels, limit) for i, data in enumerate(payloads))
     )
+    _admit(model, sum(x is not None for _, x in decoded))
+    return list(await asyncio.gather(*(_submit(model, outcome, x, deadline) for outcome, x in decoded)))
 
 
 def server_timing(outcomes: list[ImageOutcome]) -> str:

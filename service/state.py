@@ -26,6 +26,7 @@ class ServerState:
     settings: Settings
     decode_pool: ThreadPoolExecutor
     repository: ModelRepository | None = None
+    decode_parallelism: int = 1
     draining: bool = False
     startup_error: str = ""
 

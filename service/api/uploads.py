@@ -163,7 +163,10 @@ class _MultipartImages:
 
     def __init__(self, boundary: bytes, *, max_images: int, max_parts: int) -> None:
         self._parts = _Parts(max_images=max_images, max_parts=max_parts)
-        self._parser = MultipartParser(boundary, self._parts.callbacks())
+        try:
+            self._parser = MultipartParser(boundary, self._parts.callbacks())
+        except Exception as exc:  # e.g. a boundary over python-multipart's 256-character limit
+            raise BadRequest(f"malformed multipart header: {exc}") from None
 
     def write(self, chunk: bytes) -> None:
         try:

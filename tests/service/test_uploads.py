@@ -93,6 +93,7 @@ async def test_the_default_part_limit_is_the_setting() -> None:
             "malformed multipart",
         ),
         (b"whatever", "multipart/form-data", "without a boundary"),
+        (b"--" + b"B" * 257 + b"\r\n", "multipart/form-data; boundary=" + "B" * 257, "malformed multipart header"),
         (b"[1, 2]", "application/json", '{"images"'),
         (b'{"images": []}', "application/json", '{"images"'),
         (b'{"images": [1]}', "application/json", '{"images"'),

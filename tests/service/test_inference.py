@@ -1,0 +1,63 @@
+"""A request's path through decode and batching: admitted whole or not at all, fair decoding."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+
+from service import inference
+from tests.conftest import running_app
+from tests.service.test_api import assert_problem, sample
+from tests.service.test_batching_http import CLASSIFY, RecordedRunner, batcher_of, one_of_each, until
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_a_multi_image_request_is_refused_whole_when_the_queue_lacks_room(digits_test_split, monkeypatch) -> None:
+    runner = RecordedRunner(monkeypatch)
+    pngs = one_of_each(digits_test_split, range(5))
+    async with running_app(queue_size=3) as client:
+        warm_up_runs = len(runner.calls)
+        plug = await runner.plug(client, pngs[0])  # the runner is busy; the queue is empty
+        before = (await client.get("/metrics")).text
+        refused = await client.post(CLASSIFY, files=[("image", p) for p in pngs[1:]])  # 4 images, room for 3
+        after = (await client.get("/metrics")).text
+        assert batcher_of(client).queued == 0  # none of its images was queued
+        fits = asyncio.ensure_future(client.post(CLASSIFY, files=[("image", p) for p in pngs[1:4]]))
+        await until(lambda: batcher_of(client).queued == 3)
+        runner.gate.set()
+        assert (await plug).status_code == 200
+        assert [r["predictions"][0]["label"] for r in (await fits).json()["results"]] == ["1", "2", "3"]
+    assert_problem(refused, 503, "room for 3 image(s), it has 4")
+    assert refused.headers["retry-after"] == "1"
+    labels = {"model": "vit-digits", "version": "1", "outcome": "rejected"}
+    name = "patchserve_requests_total"
+    assert sample(after, name, **labels) - sample(before, name, **labels) == 1
+    assert runner.calls[warm_up_runs:] == [1, 3]  # the refused request's images never ran
+
+
+async def test_one_request_decodes_at_most_decode_parallelism_images_at_once(digits_test_split, monkeypatch) -> None:
+    active, peak, lock = 0, 0, threading.Lock()
+    original = inference._decode_and_preprocess
+
+    def counting(*args):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        try:
+            threading.Event().wait(0.02)  # long enough for others to start if they were allowed to
+            return original(*args)
+        finally:
+            with lock:
+                active -= 1
+
+    monkeypatch.setattr(inference, "_decode_and_preprocess", counting)
+    pngs = one_of_each(digits_test_split, range(6))
+    async with running_app(decode_threads=4) as client:
+        assert client.app.state.server.decode_parallelism == 2
+        response = await client.post(CLASSIFY, files=[("image", p) for p in pngs])
+    assert [r["predictions"][0]["label"] for r in response.json()["results"]] == [str(d) for d in range(6)]
+    assert peak == 2
