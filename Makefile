@@ -1,6 +1,6 @@
 # patchserve: each target sets up what it needs on a fresh machine.
 #   make serve   serving environment only (no torch), then the server on $PATCHSERVE_HOST:$PATCHSERVE_PORT
-#   make test    training + dev environment (torch 2.13.0 first), then the whole suite, every marker
+#   make test    training + hf + dev environment (torch 2.13.0 first), then the whole suite, every marker
 #   make models  retrain and re-export the committed models
 
 PYTHON ?= python3
@@ -25,7 +25,7 @@ $(DEV_VENV)/.installed: pyproject.toml
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
 	# torch first, from the local CPU wheel: a bare `torch` requirement would pull a CUDA build.
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
-	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,dev,heic]'
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,hf,dev,heic]'
 	touch $@
 
 serve: $(SERVE_VENV)/.installed-$(ORT)

@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.admission import AdmissionMiddleware
-from service.api.routes import health, inference, metrics, models
+from service.api.routes import health, inference, metrics, models, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
 from service.errors import RepositoryError, install_handlers
@@ -114,6 +114,7 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(models.router)
     app.include_router(inference.router)
     app.include_router(metrics.router)
+    app.include_router(v2.router)
     app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, body_timeout=settings.body_timeout)
     add_security_middleware(app, settings)  # outside admission: a request without a key takes no slot
     app.add_middleware(AccessLogMiddleware)

@@ -78,6 +78,12 @@ class InvalidImage(ProblemError):
     status, title, slug, outcome = 415, "Not a decodable image", "invalid-image", "client_error"
 
 
+class UnsupportedMediaType(ProblemError):
+    """415 for a body the server cannot read at all (e.g. an unknown ``Content-Encoding``)."""
+
+    status, title, slug, outcome = 415, "Unsupported media type", "unsupported-media-type", "client_error"
+
+
 class InvalidParameter(ProblemError):
     status, title, slug, outcome = 422, "Invalid parameter", "invalid-parameter", "client_error"
 

@@ -1,0 +1,222 @@
+"""The Open Inference Protocol (KServe v2) REST endpoints, for tritonclient, KServe and Triton users.
+
+Health, server and model metadata, model readiness, Triton's model configuration, and ``infer``
+on each model's raw input tensor (:mod:`service.tensor_inference`). Every error of these
+routes is the protocol's ``{"error": "<message>"}`` with the status the rest of the API would
+use (400 bad request, 404 unknown model, 413 too large, 503 queue full or not loaded, 504 past
+its deadline, 500 only for a failed model run); a "not ready" answer is a 400, as the
+protocol's health API specifies (a 4xx means false).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service import metrics
+from service.api.deps import Repository, State, get_repository
+from service.api.uploads import read_body
+from service.errors import BadRequest, ProblemError
+from service.inference_protocol import (
+    HEADER_LENGTH,
+    encode_infer_response,
+    error_response,
+    inflate,
+    parse_infer_request,
+)
+from service.repository import ModelVersion
+from service.runtime import CUDA
+from service.tensor_inference import dims, infer_tensors, input_datatype, output_specs
+
+log = logging.getLogger(__name__)
+
+# The protocol extensions this server implements (reported by server metadata, as Triton does).
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+PLATFORM = "onnxruntime_onnx"
+
+
+class ProtocolRoute(APIRoute):
+    """An ``APIRoute`` whose errors, domain or framework, are rendered as ``{"error": "..."}``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProblemError as exc:
+                return error_response(exc.status, exc.detail, exc.headers)
+            except RequestValidationError as exc:
+                return error_response(400, "; ".join(str(e.get("msg")) for e in exc.errors()) or "invalid request")
+            except StarletteHTTPException as exc:
+                return error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+            except Exception:
+                log.exception("unhandled error in %s %s", request.method, request.url.path)
+                return error_response(500, "an unexpected server error; see the server log")
+
+        return run
+
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"], route_class=ProtocolRoute)
+
+
+@router.get("", summary="Server metadata: name, version, extensions")
+async def server_metadata(request: Request) -> dict[str, Any]:
+    return {"name": "patchserve", "version": request.app.version, "extensions": EXTENSIONS}
+
+
+@router.get("/health/live", summary="Server liveness: 200 while the process serves")
+async def server_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get("/health/ready", summary="Server readiness: 200 once every model is ready, else 400 with the reason")
+async def server_ready(state: State) -> dict[str, bool]:
+    reasons = state.not_ready_reasons()
+    if reasons:
+        raise BadRequest("not ready: " + "; ".join(reasons))
+    return {"ready": True}
+
+
+def _metadata(model: ModelVersion, repository: Repository) -> dict[str, Any]:
+    spec = model.manifest.input
+    return {
+        "name": model.name,
+        "versions": [str(v) for v in sorted(repository.models[model.name])],
+        "platform": PLATFORM,
+        "inputs": [{"name": spec.name, "datatype": input_datatype(model), "shape": dims(spec.shape)}],
+        "outputs": [{"name": n, "datatype": t, "shape": s} for n, t, s in output_specs(model)],
+    }
+
+
+@router.get("/models/{name}", summary="Model metadata: input and output tensors (-1: any size)")
+async def model_metadata(name: str, repository: Repository) -> dict[str, Any]:
+    return _metadata(repository.get(name), repository)
+
+
+@router.get("/models/{name}/versions/{version}", summary="Model metadata of one version")
+async def model_version_metadata(name: str, version: str, repository: Repository) -> dict[str, Any]:
+    return _metadata(repository.get(name, version), repository)
+
+
+def _ready(state: State, name: str, version: str | None) -> dict[str, Any]:
+    if state.repository is None:
+        raise BadRequest("not ready: the models are still loading")
+    model = state.repository.get(name, version)
+    if not model.ready:
+        raise BadRequest(f"model {model.name} version {model.version} is not ready: {model.not_ready_reason}")
+    return {"name": model.name, "ready": True}
+
+
+@router.get("/models/{name}/ready", summary="Model readiness: 200 when ready, else 400 (404: no such model)")
+async def model_ready(name: str, state: State) -> dict[str, Any]:
+    return _ready(state, name, None)
+
+
+@router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one model version")
+async def model_version_ready(name: str, version: str, state: State) -> dict[str, Any]:
+    return _ready(state, name, version)
+
+
+def _config(model: ModelVersion) -> dict[str, Any]:
+    """Triton's model configuration (model_config.proto as JSON) for tritonclient's get_model_config."""
+
+    def data_type(datatype: str) -> str:
+        return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
+
+    batching = model.batcher.config
+    spec = model.manifest.input
+    return {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": "onnxruntime",
+        "version_policy": {"specific": {"versions": [str(model.version)]}},
+        "max_batch_size": batching.max_batch_size,
+        "input": [
+            {
+                "name": spec.name,
+                "data_type": data_type(input_datatype(model)),
+                "format": "FORMAT_NCHW",
+                "dims": dims(spec.shape)[1:],
+            }
+        ],
+        "output": [{"name": n, "data_type": data_type(t), "dims": s[1:]} for n, t, s in output_specs(model)],
+        "dynamic_batching": {
+            "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
+            "default_queue_policy": {"max_queue_size": batching.queue_size},
+        },
+        "instance_group": [{"count": 1, "kind": "KIND_GPU" if model.runner.providers.primary == CUDA else "KIND_CPU"}],
+    }
+
+
+@router.get("/models/{name}/config", summary="Triton model configuration (model_configuration extension)")
+async def model_config(name: str, repository: Repository) -> dict[str, Any]:
+    return _config(repository.get(name))
+
+
+@router.get("/models/{name}/versions/{version}/config", summary="Triton model configuration of one version")
+async def model_version_config(name: str, version: str, repository: Repository) -> dict[str, Any]:
+    return _config(repository.get(name, version))
+
+
+async def _infer(request: Request, state: State, name: str, version: str | None) -> Response:
+    """Read, parse, run and encode one inference request; count its outcome."""
+    started = time.perf_counter()
+    labels = (metrics.UNKNOWN_MODEL, "")
+    try:
+        model = get_repository(request).get(name, version)
+        labels = (model.name, str(model.version))
+        settings = state.settings
+        body = await read_body(request, settings.max_body_bytes)
+        body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
+        parse_started = time.perf_counter()
+        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
+        parse_seconds = time.perf_counter() - parse_started
+        outcome = await infer_tensors(model, parsed, max_rows=settings.max_images_per_request)
+        content, headers = encode_infer_response(model.name, str(model.version), parsed.id, outcome.outputs)
+    except ProblemError as exc:
+        metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
+        raise
+    metrics.observe_request(*labels, "success", time.perf_counter() - started)
+    headers["Server-Timing"] = (
+        f"decode;dur={parse_seconds * 1e3:.3f}, queue;dur={outcome.queue_seconds * 1e3:.3f}, "
+        f"compute;dur={outcome.compute_seconds * 1e3:.3f}"
+    )
+    return Response(content, media_type=headers.pop("Content-Type"), headers=headers)
+
+
+_INFER_BODY = {
+    "requestBody": {
+        "required": True,
+        "description": "An $inference_request JSON object, optionally followed by binary tensor data "
+        "(then Inference-Header-Content-Length gives the JSON object's length).",
+        "content": {
+            "application/json": {"schema": {"type": "object", "required": ["inputs"]}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+        },
+    }
+}
+
+
+@router.post("/models/{name}/infer", summary="Inference on raw tensors (JSON or binary)", openapi_extra=_INFER_BODY)
+async def infer(name: str, request: Request, state: State) -> Response:
+    return await _infer(request, state, name, None)
+
+
+@router.post(
+    "/models/{name}/versions/{version}/infer", summary="Inference on one model version", openapi_extra=_INFER_BODY
+)
+async def infer_version(name: str, version: str, request: Request, state: State) -> Response:
+    return await _infer(request, state, name, version)
+
+
+@router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
+async def unknown(path: str, request: Request) -> Response:
+    return error_response(404, f"no such endpoint: {request.method} /v2/{path}")

@@ -1,0 +1,259 @@
+"""The Open Inference Protocol (KServe v2) in process: metadata, JSON and binary tensors, errors."""
+
+from __future__ import annotations
+
+import gzip
+import struct
+import zlib
+
+import numpy as np
+import orjson
+import pytest
+
+from service.images import decode_image
+from service.manifest import load_manifest
+from service.postprocess import classify
+from service.preprocess import Preprocessor
+from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
+
+pytestmark = pytest.mark.anyio
+DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+INFER = "/v2/models/vit-digits/infer"
+MANIFEST = load_manifest(MODEL_REPOSITORY / "vit-digits" / "1" / "model.json")
+
+
+def digit_tensor(*pngs: bytes) -> np.ndarray:
+    """The server's own decoding and preprocessing of ``pngs``: float32 (B, 1, 8, 8)."""
+    preprocess = Preprocessor(MANIFEST.preprocessing)
+    return np.stack([preprocess(decode_image(p, color_mode="L", max_pixels=10**6).image) for p in pngs])
+
+
+def json_request(x: np.ndarray, **extra: object) -> dict:
+    return {
+        "inputs": [{"name": "pixel_values", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}],
+        **extra,
+    }
+
+
+def binary_request(x: np.ndarray, document: dict | None = None) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor body: the JSON header, then x's little-endian bytes."""
+    raw = x.astype("<f4").tobytes()
+    document = document or {}
+    document.setdefault(
+        "inputs",
+        [
+            {
+                "name": "pixel_values",
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ],
+    )
+    header = orjson.dumps(document)
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def read_binary_response(response) -> dict[str, np.ndarray]:
+    """Split a binary response as the protocol says: JSON of the header's length, then tensors in order."""
+    length = int(response.headers["inference-header-content-length"])
+    document = orjson.loads(response.content[:length])
+    offset, tensors = length, {}
+    for output in document["outputs"]:
+        size = output["parameters"]["binary_data_size"]
+        chunk = response.content[offset : offset + size]
+        tensors[output["name"]] = np.frombuffer(chunk, "<f4").reshape(output["shape"])
+        offset += size
+    assert offset == len(response.content)
+    return tensors
+
+
+def assert_error(response, status: int, part: str = "") -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"} and part in body["error"], body
+    return body["error"]
+
+
+async def test_health_and_server_metadata() -> None:
+    async with running_app() as client:
+        live = await client.get("/v2/health/live")
+        ready = await client.get("/v2/health/ready")
+        meta = await client.get("/v2")
+    assert live.status_code == 200 and ready.status_code == 200
+    assert meta.json() == {
+        "name": "patchserve",
+        "version": "0.1.0",
+        "extensions": ["binary_tensor_data", "classification", "model_configuration"],
+    }
+
+
+async def test_model_metadata_ready_and_config() -> None:
+    async with running_app(max_batch_size=4, max_queue_delay=0.005) as client:
+        meta = (await client.get("/v2/models/vit-digits")).json()
+        by_version = (await client.get("/v2/models/vit-digits/versions/1")).json()
+        ready = await client.get("/v2/models/vit-digits/versions/1/ready")
+        config = (await client.get("/v2/models/vit-digits/config")).json()
+    assert (
+        meta
+        == by_version
+        == {
+            "name": "vit-digits",
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 1, 8, 8]}],
+            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}],
+        }
+    )
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    assert config["max_batch_size"] == 4 and config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
+    assert config["input"] == [
+        {"name": "pixel_values", "data_type": "TYPE_FP32", "format": "FORMAT_NCHW", "dims": [1, 8, 8]}
+    ]
+    assert config["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}]
+
+
+async def test_json_infer_equals_v1_classify_on_the_same_tensor() -> None:
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        v1 = (
+            await client.post("/v1/models/vit-digits/classify", files={"image": DIGIT_7}, params={"top_k": 10})
+        ).json()
+        response = await client.post(INFER, json=json_request(x, id="req-1"))
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body["model_name"] == "vit-digits" and body["model_version"] == "1" and body["id"] == "req-1"
+    (output,) = body["outputs"]
+    assert output["name"] == "logits" and output["datatype"] == "FP32" and output["shape"] == [1, 10]
+    logits = np.asarray(output["data"], np.float32).reshape(1, 10)
+    predictions = classify(logits[0], MANIFEST.labels, 10)
+    assert [p["class_id"] for p in predictions] == [p["class_id"] for p in v1["predictions"]]
+    assert predictions[0]["label"] == "7"
+    np.testing.assert_allclose([p["score"] for p in predictions], [p["score"] for p in v1["predictions"]], atol=1e-6)
+
+
+async def test_binary_infer_equals_json_and_rows_equal_single_requests() -> None:
+    blank = png_bytes(np.zeros((8, 8), np.uint8))
+    x = digit_tensor(DIGIT_7, blank, DIGIT_7)
+    async with running_app() as client:
+        as_json = (await client.post(INFER, json=json_request(x))).json()
+        body, headers = binary_request(x, {"parameters": {"binary_data_output": True}})
+        binary = await client.post(INFER, content=body, headers=headers)
+        singles = [(await client.post(INFER, json=json_request(x[i : i + 1]))).json() for i in range(3)]
+    assert binary.status_code == 200 and binary.headers["content-type"] == "application/octet-stream"
+    logits = read_binary_response(binary)["logits"]
+    json_logits = np.asarray(as_json["outputs"][0]["data"], np.float32).reshape(3, 10)
+    np.testing.assert_array_equal(logits, json_logits)  # float32 survives JSON exactly
+    single_logits = np.concatenate([np.asarray(s["outputs"][0]["data"], np.float32)[None] for s in singles])
+    np.testing.assert_allclose(logits, single_logits, atol=1e-5)
+    np.testing.assert_array_equal(logits[0], logits[2])
+    assert np.argmax(logits[0]) == 7
+
+
+async def test_per_output_binary_flag_and_gzip_request_body() -> None:
+    x = digit_tensor(DIGIT_7)
+    body, headers = binary_request(x, {"outputs": [{"name": "logits", "parameters": {"binary_data": False}}]})
+    async with running_app() as client:
+        json_out = await client.post(INFER, content=body, headers=headers)  # binary in, JSON out
+        gzipped = await client.post(INFER, content=gzip.compress(body), headers={**headers, "Content-Encoding": "gzip"})
+        deflated = await client.post(
+            INFER, content=zlib.compress(orjson.dumps(json_request(x))), headers={"Content-Encoding": "deflate"}
+        )
+    assert json_out.headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in json_out.headers
+    assert gzipped.json() == deflated.json() == json_out.json()
+
+
+async def test_classification_extension_returns_top_k_as_bytes() -> None:
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        raw = (await client.post(INFER, json=json_request(x))).json()["outputs"][0]["data"]
+        response = await client.post(
+            INFER, json=json_request(x, outputs=[{"name": "logits", "parameters": {"classification": 3}}])
+        )
+        body, headers = binary_request(
+            x, {"outputs": [{"name": "logits", "parameters": {"classification": 2, "binary_data": True}}]}
+        )
+        binary = await client.post(INFER, content=body, headers=headers)
+    (output,) = response.json()["outputs"]
+    assert output["datatype"] == "BYTES" and output["shape"] == [1, 3]
+    order = np.argsort(-np.asarray(raw), kind="stable")[:3]
+    assert output["data"] == [f"{raw[i]:f}:{i}:{MANIFEST.labels[i]}" for i in order]
+    assert output["data"][0].split(":")[1:] == ["7", "7"]
+    length = int(binary.headers["inference-header-content-length"])
+    data = binary.content[length:]
+    elements = []
+    while data:
+        (n,) = struct.unpack("<I", data[:4])
+        elements.append(data[4 : 4 + n].decode())
+        data = data[4 + n :]
+    assert elements == output["data"][:2]
+
+
+async def test_bad_requests_are_protocol_errors_never_500() -> None:
+    x = digit_tensor(DIGIT_7)
+    good = json_request(x)
+
+    def with_input(**changes: object) -> dict:
+        return {"inputs": [{**good["inputs"][0], **changes}]}
+
+    async with running_app(max_images_per_request=4, max_body_bytes=64 * 1024) as client:
+        post = client.post
+        assert_error(await post("/v2/models/nope/infer", json=good), 404, "nope")
+        assert_error(await post("/v2/models/vit-digits/versions/9/infer", json=good), 404, "version")
+        assert_error(await post(INFER, content=b"{not json"), 400, "not valid JSON")
+        assert_error(await post(INFER, content=b""), 400)
+        assert_error(await post(INFER, json=[1, 2]), 400, "object")
+        assert_error(await post(INFER, json={"inputs": []}), 400, "inputs")
+        assert_error(await post(INFER, json=with_input(name="image")), 400, "'pixel_values'")
+        assert_error(await post(INFER, json=with_input(datatype="FP64")), 400, "FP32")
+        assert_error(await post(INFER, json=with_input(datatype="BYTES")), 400, "BYTES")
+        assert_error(await post(INFER, json=with_input(datatype="FLOAT")), 400, "datatype")
+        assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, 9], data=[0.0] * 72)), 400, "[-1, 1, 8, 8]")
+        assert_error(await post(INFER, json=with_input(shape=[1, 64])), 400, "shape")
+        assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, -8])), 400, "non-negative")
+        assert_error(await post(INFER, json=with_input(shape=[2, 1, 8, 8])), 400, "64 elements")
+        assert_error(await post(INFER, json=with_input(data=["a"] * 64)), 400, "FP32")
+        assert_error(await post(INFER, json=with_input(data=[[1.0], [1.0, 2.0]])), 400)
+        zeros = np.zeros((0, 1, 8, 8), np.float32)
+        assert_error(await post(INFER, json=json_request(zeros)), 400, "batch size")
+        five = np.zeros((5, 1, 8, 8), np.float32)
+        assert_error(await post(INFER, json=json_request(five)), 400, "between 1 and 4")
+        unknown_output = {**good, "outputs": [{"name": "boxes"}]}
+        assert_error(await post(INFER, json=unknown_output), 400, "no output 'boxes'")
+        shm = with_input(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 256})
+        assert_error(await post(INFER, json=shm), 400, "shared-memory")
+
+        body, headers = binary_request(x)
+        assert_error(await post(INFER, content=body[:-4], headers=headers), 400, "ends before")
+        assert_error(await post(INFER, content=body + b"\0" * 4, headers=headers), 400, "unclaimed")
+        assert_error(await post(INFER, content=body, headers={"Inference-Header-Content-Length": "-3"}), 400)
+        too_long = {"Inference-Header-Content-Length": str(len(body) + 1)}
+        assert_error(await post(INFER, content=body, headers=too_long), 400, "Inference-Header-Content-Length")
+        assert_error(await post(INFER, content=body, headers={**headers, "Content-Encoding": "br"}), 415, "br")
+        assert_error(await post(INFER, content=b"\x1f\x8b junk", headers={"Content-Encoding": "gzip"}), 400)
+        bomb = gzip.compress(b" " * (1024 * 1024))
+        assert_error(await post(INFER, content=bomb, headers={"Content-Encoding": "gzip"}), 413)
+        assert_error(await post(INFER, content=b"\0" * (65 * 1024)), 413)
+        assert_error(await client.get("/v2/models/vit-digits/infer"), 404, "no such endpoint")
+        assert_error(await client.get("/v2/models/nope/ready"), 404)
+        assert_error(await client.get("/v2/models/nope/config"), 404)
+        assert_error(await client.get("/v2/repository/index"), 404)
+
+
+async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
+    from service.app import create_app
+    from tests.conftest import make_settings
+
+    app = create_app(make_settings())
+    import httpx
+
+    transport = httpx.ASGITransport(app=app)  # no lifespan: the models are never loaded
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.get("/v2/health/live")).status_code == 200
+        assert_error(await client.get("/v2/health/ready"), 400, "loading")
+        assert_error(await client.get("/v2/models/vit-digits/ready"), 400, "loading")
+        response = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7)))
+    assert_error(response, 503, "loading")
+    assert response.headers["retry-after"]
