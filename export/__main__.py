@@ -5,6 +5,11 @@
 writes ``model.onnx`` and ``model.json`` (the manifest, with the parity measured here and the
 test metrics measured through ONNX Runtime with the server's preprocessing), and copies the
 run's ``metrics.json`` and ``training_curves.png`` beside them.
+
+    python -m export hf path/to/transformers-checkpoint --to model_repository/vit-base/1
+
+imports a Hugging Face transformers ``save_pretrained`` folder (ViT, DeiT, DETR without timm;
+needs the ``hf`` extra), with preprocessing and labels from the checkpoint's own configs.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint.add_argument("checkpoint", type=Path)
     checkpoint.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
     checkpoint.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    hf = commands.add_parser("hf", help="import a Hugging Face transformers checkpoint folder (save_pretrained)")
+    hf.add_argument("folder", type=Path, help="holds config.json, preprocessor_config.json and the weights")
+    hf.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
+    hf.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -38,6 +47,17 @@ def main(argv: list[str] | None = None) -> None:
         print(
             f"wrote {args.to}: {manifest.task}, metrics {manifest.provenance.metrics}, "
             f"parity {manifest.provenance.export.parity_max_abs_diff}"
+        )
+    elif args.command == "hf":
+        from export.hf import ImportRefused, export_hf
+
+        try:
+            manifest = export_hf(args.folder, args.to, opset=args.opset)
+        except ImportRefused as exc:
+            parser.exit(2, f"python -m export hf: {exc}\n")
+        print(
+            f"wrote {args.to}: {manifest.task}, input {manifest.input.shape}, {len(manifest.labels)} labels, "
+            f"parity max |ORT - transformers| by batch size {manifest.provenance.export.parity_max_abs_diff}"
         )
 
 

@@ -62,15 +62,23 @@ class Preprocessing(_Strict):
 
     * ``stretch``: resize to ``size`` exactly, ignoring the aspect ratio (the Hugging Face
       ``ViTImageProcessor`` policy). Output (C, size.height, size.width).
+    * ``shortest_edge``: keep the aspect ratio; the shorter side becomes ``shortest_edge``
+      pixels unless the longer side would then pass ``longest_edge``, in which case the longer
+      side becomes ``longest_edge`` (the Hugging Face ``DetrImageProcessor`` policy,
+      ``size={"shortest_edge": 800, "longest_edge": 1333}``; sides truncated to whole pixels
+      as it does). Output (C, H, W) with H and W depending on the image: the graph takes any
+      size, and no padding or mask is needed since only same-sized inputs share a batch.
 
+    Then, with ``crop_size``, the centre ``crop_size`` region is kept (the Hugging Face
+    ``do_center_crop`` step: offsets ``(H - crop.height) // 2``, ``(W - crop.width) // 2``).
     Then ``x = (pixel * scale - mean[c]) / std[c]`` per channel, float32, channels first.
     Transparent pixels (alpha, palette or colour-key transparency) are first composited onto
     ``background`` (optional; white by default).
     """
 
     color_mode: Literal["L", "RGB"]
-    resize: Literal["stretch"] = "stretch"
-    size: Size
+    resize: Literal["stretch", "shortest_edge"] = "stretch"
+    size: Size | None = Field(None, description="The output size of the stretch policy (required for it).")
     interpolation: Literal["nearest", "bilinear", "bicubic", "box", "hamming", "lanczos"] = "bilinear"
     scale: float = Field(1 / 255, gt=0)
     mean: list[float]
@@ -78,6 +86,9 @@ class Preprocessing(_Strict):
     background: tuple[Channel, Channel, Channel] = Field(
         (255, 255, 255), description="(R, G, B), 0-255, composited under transparent pixels before conversion."
     )
+    shortest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the shorter side, in pixels.")
+    longest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the cap on the longer side.")
+    crop_size: Size | None = Field(None, description="Centre crop after resizing (None: no crop).")
 
     @model_validator(mode="after")
     def _per_channel(self) -> Preprocessing:
@@ -86,6 +97,24 @@ class Preprocessing(_Strict):
             raise ValueError(f"mean and std need {channels} value(s) for color_mode {self.color_mode!r}")
         if any(s <= 0 for s in self.std):
             raise ValueError("std values must be > 0")
+        return self
+
+    @model_validator(mode="after")
+    def _resize_policy(self) -> Preprocessing:
+        if self.resize == "stretch":
+            if self.size is None:
+                raise ValueError("the stretch policy needs size")
+            if self.crop_size and (self.crop_size.height > self.size.height or self.crop_size.width > self.size.width):
+                raise ValueError("crop_size must fit inside size")
+        else:
+            if self.shortest_edge is None:
+                raise ValueError("the shortest_edge policy needs shortest_edge")
+            if self.longest_edge is not None and self.longest_edge < self.shortest_edge:
+                raise ValueError("longest_edge must be >= shortest_edge")
+            if self.crop_size and (
+                self.longest_edge is not None or max(self.crop_size.height, self.crop_size.width) > self.shortest_edge
+            ):
+                raise ValueError("a crop after shortest_edge needs no longest_edge and must fit inside shortest_edge")
         return self
 
 

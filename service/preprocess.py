@@ -21,6 +21,29 @@ _RESAMPLE = {
 }
 
 
+def keep_aspect_size(height: int, width: int, shortest_edge: int, longest_edge: int | None) -> tuple[int, int]:
+    """The (height, width) of the ``shortest_edge`` policy for an image of (height, width) pixels.
+
+    The shorter side becomes ``shortest_edge``; if the longer side would then exceed
+    ``longest_edge``, the longer side becomes ``longest_edge`` instead (rounded to the nearest
+    pixel) and the shorter side follows. The side that is not set is truncated to whole pixels.
+    This is the arithmetic of DETR's resize (Carion et al. 2020, Sec. 4: shortest side 800,
+    longest at most 1333) as the Hugging Face ``DetrImageProcessor`` computes it, so the same
+    image gets the same input size here and there.
+    """
+    short, long = min(height, width), max(height, width)
+    target, exact = shortest_edge, None
+    if longest_edge is not None and long / short * shortest_edge > longest_edge:
+        exact = longest_edge * short / long  # the shorter side that puts the longer one at longest_edge
+        target = round(exact)
+    if short == target:
+        return height, width
+    base = exact if exact is not None else target
+    if width < height:
+        return int(base * height / width), target
+    return target, int(base * width / height)
+
+
 class Preprocessor:
     """The manifest's preprocessing, built once per model.
 
@@ -30,7 +53,7 @@ class Preprocessor:
 
     def __init__(self, spec: Preprocessing) -> None:
         self.spec = spec
-        self.size = (spec.size.width, spec.size.height)  # Pillow order: (W, H)
+        self.size = (spec.size.width, spec.size.height) if spec.size else None  # Pillow order: (W, H)
         self.resample = _RESAMPLE[spec.interpolation]
         std = np.asarray(spec.std, dtype=np.float32)
         # One fused multiply-add per pixel: x * (scale / std) - mean / std.
@@ -38,28 +61,59 @@ class Preprocessor:
         self._bias = (np.asarray(spec.mean, dtype=np.float32) / std).astype(np.float32)
 
     @property
+    def dynamic(self) -> bool:
+        """True when H and W of the output depend on the image (``shortest_edge`` without a crop)."""
+        return self.spec.resize == "shortest_edge" and self.spec.crop_size is None
+
+    @property
     def output_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of the arrays ``__call__`` returns."""
-        return (1 if self.spec.color_mode == "L" else 3, self.spec.size.height, self.spec.size.width)
+        """(C, H, W) of the arrays ``__call__`` returns; for a dynamic policy, that of a square image."""
+        channels = 1 if self.spec.color_mode == "L" else 3
+        if self.spec.crop_size is not None:
+            return (channels, self.spec.crop_size.height, self.spec.crop_size.width)
+        if self.size is None:
+            side = self.spec.shortest_edge
+            return (channels, side, side)
+        return (channels, self.size[1], self.size[0])
 
     @property
     def draft_size(self) -> tuple[int, int]:
-        """(width, height) a JPEG may be draft-decoded down to without losing detail."""
+        """(width, height) a JPEG may be draft-decoded down to without losing detail.
+
+        For ``shortest_edge`` a square of that side: a draft no smaller in either dimension
+        keeps the shorter side at least ``shortest_edge`` and the longer one at least what
+        the resize asks of it.
+        """
+        if self.size is None:
+            return (self.spec.shortest_edge, self.spec.shortest_edge)
         return self.size
 
+    def resized_size(self, width: int, height: int) -> tuple[int, int]:
+        """The (width, height) an image of (width, height) pixels is resized to, before any crop."""
+        if self.size is not None:
+            return self.size
+        h, w = keep_aspect_size(height, width, self.spec.shortest_edge, self.spec.longest_edge)
+        return (w, h)
+
     def __call__(self, image: Image.Image) -> np.ndarray:
-        """Resize and normalise ``image``.
+        """Resize, crop and normalise ``image``.
 
         Args:
             image: Pillow image in ``spec.color_mode``.
 
         Returns:
-            float32 array (C, H, W) with H, W = ``spec.size``.
+            float32 array (C, H, W): H, W = ``crop_size``, else ``size`` (stretch), else those
+            of :meth:`resized_size` (shortest_edge).
         """
         if image.mode != self.spec.color_mode:
             raise ValueError(f"expected a {self.spec.color_mode} image, got {image.mode}")
-        if image.size != self.size:
-            image = image.resize(self.size, self.resample)
+        target = self.resized_size(*image.size)
+        if image.size != target:
+            image = image.resize(target, self.resample)
+        if self.spec.crop_size is not None:
+            crop_w, crop_h = self.spec.crop_size.width, self.spec.crop_size.height
+            left, top = (image.width - crop_w) // 2, (image.height - crop_h) // 2
+            image = image.crop((left, top, left + crop_w, top + crop_h))
         pixels = np.asarray(image, dtype=np.float32)
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]  # (H, W) -> (H, W, 1)

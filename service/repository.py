@@ -75,8 +75,8 @@ class ModelVersion:
             "input": {
                 "name": self.manifest.input.name,
                 "shape": self.manifest.input.shape,
-                "height": spec.size.height,
-                "width": spec.size.width,
+                "height": self.manifest.input.shape[2],  # an int, or a name where any size is taken
+                "width": self.manifest.input.shape[3],
                 "color_mode": spec.color_mode,
             },
             "labels_count": len(self.manifest.labels),

@@ -1,0 +1,301 @@
+"""Import a Hugging Face transformers checkpoint (a ``save_pretrained`` folder) into the model repository.
+
+    python -m export hf path/to/checkpoint --to model_repository/<name>/<version>
+
+Supported architectures (``config.json``'s ``architectures[0]``):
+
+* ``ViTForImageClassification`` (Dosovitskiy et al. 2021) and ``DeiTForImageClassification``:
+  the graph outputs the class head's ``logits`` (B, num_labels).
+* ``DeiTForImageClassificationWithTeacher`` (Touvron et al. 2021, Sec. 5): ``logits`` is the
+  average of the class-token head and the distillation-token head, as DeiT predicts at
+  inference (transformers' forward computes exactly that average).
+* ``DetrForObjectDetection`` (Carion et al. 2020) with transformers' own ResNet backbone
+  (``use_timm_backbone=false``, as the hub's ``no_timm`` revisions are): ``pred_logits``
+  (B, num_queries, num_labels + 1, no-object last) and ``pred_boxes`` (B, num_queries, 4),
+  normalised (cx, cy, w, h); height and width are dynamic. A timm-backbone checkpoint is
+  refused with the reason: timm needs torchvision, which cannot be installed beside this torch.
+
+The manifest's preprocessing and labels come from the checkpoint's own
+``preprocessor_config.json`` (size, resample, rescale factor, mean, std, centre crop) and
+``config.json`` (``id2label``; detection appends the no-object class). The graph is exported
+with the dynamo exporter and checked against transformers at batch 1 and a larger batch on
+images preprocessed exactly as the server will preprocess them. Nothing is downloaded: the
+folder must hold the weights.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from torch import nn
+
+from export.onnx_export import export_onnx, parity
+from service.manifest import (
+    SCHEMA_VERSION,
+    ExportInfo,
+    Manifest,
+    Preprocessing,
+    Provenance,
+    Size,
+    TensorSpec,
+    write_manifest,
+)
+from service.preprocess import Preprocessor
+
+log = logging.getLogger(__name__)
+
+TASKS = {
+    "ViTForImageClassification": "classification",
+    "DeiTForImageClassification": "classification",
+    "DeiTForImageClassificationWithTeacher": "classification",
+    "DetrForObjectDetection": "detection",
+}
+NO_OBJECT = "no-object"
+# PIL's resampling filter numbers, as preprocessor_config.json stores them.
+_RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+# The hub's DETR processors default to DETR's own resize when a config leaves it out.
+_DETR_DEFAULT_SIZE = {"shortest_edge": 800, "longest_edge": 1333}
+
+
+class ImportRefused(ValueError):
+    """The checkpoint cannot be imported; the message says why and what to use instead."""
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        raise ImportRefused(f"{path} is missing: pass a transformers save_pretrained folder")
+    return json.loads(path.read_text())
+
+
+def architecture_of(config: dict[str, Any], folder: Path) -> str:
+    """``architectures[0]`` of ``config.json`` when it is supported.
+
+    Raises:
+        ImportRefused: an architecture this importer does not export.
+    """
+    architectures = config.get("architectures") or []
+    if not architectures or architectures[0] not in TASKS:
+        raise ImportRefused(
+            f"{folder}: architecture {architectures[:1] or 'unknown'} is not supported; supported: {', '.join(TASKS)}"
+        )
+    return architectures[0]
+
+
+def check_backbone(config: dict[str, Any], folder: Path) -> None:
+    """Refuse a DETR whose backbone comes from timm.
+
+    transformers builds a timm backbone when ``use_timm_backbone`` is true, which is its
+    default when ``backbone_config`` is absent.
+
+    Raises:
+        ImportRefused: the checkpoint needs timm (and so torchvision).
+    """
+    backbone = config.get("backbone_config") or {}
+    uses_timm = config.get("use_timm_backbone", not backbone) or backbone.get("model_type") == "timm_backbone"
+    if uses_timm:
+        name = config.get("backbone") or backbone.get("backbone") or "resnet50"
+        raise ImportRefused(
+            f"{folder}: this DETR checkpoint uses a timm backbone (use_timm_backbone=true, backbone {name!r}); "
+            "timm needs torchvision, which cannot be installed beside this torch, so it cannot be loaded here. "
+            "Use a checkpoint with transformers' own ResNet backbone (use_timm_backbone=false), such as the "
+            "hub's 'no_timm' revision: facebook/detr-resnet-50 at revision no_timm."
+        )
+
+
+def _size_dict(value: Any, max_size: Any, square: bool) -> dict[str, int]:
+    """A processor's ``size`` in its dict form (older configs store an int, DETR's with ``max_size``)."""
+    if isinstance(value, dict):
+        return value
+    if isinstance(value, int):
+        if square:
+            return {"height": value, "width": value}
+        return {"shortest_edge": value, **({"longest_edge": max_size} if max_size else {})}
+    raise ImportRefused(f"preprocessor_config.json: size {value!r} is not understood")
+
+
+def _per_channel(value: Any, name: str) -> list[float]:
+    values = [float(value)] * 3 if isinstance(value, (int, float)) else [float(v) for v in value]
+    if len(values) != 3:
+        raise ImportRefused(f"preprocessor_config.json: {name} needs 3 values (RGB), got {value!r}")
+    return values
+
+
+def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Preprocessing:
+    """The manifest's preprocessing for a transformers image processor's config.
+
+    Args:
+        processor: ``preprocessor_config.json`` of a ViT, DeiT or DETR image processor.
+        task: "classification" (a bare int ``size`` is a square, as ViT/DeiT read it) or
+            "detection" (a bare int is DETR's shortest edge, ``max_size`` its longest).
+
+    Returns:
+        RGB preprocessing: ``stretch`` for ``{"height", "width"}``, ``shortest_edge`` for
+        ``{"shortest_edge"[, "longest_edge"]}``, the centre crop when ``do_center_crop``.
+
+    Raises:
+        ImportRefused: no resize (``do_resize: false``), a fixed ``pad_size`` (its pixel mask
+            is not part of the exported graph), or a size form this server has no policy for.
+    """
+    if processor.get("do_resize", True) is False:
+        raise ImportRefused("preprocessor_config.json: do_resize is false; the server needs a resize policy")
+    if processor.get("pad_size"):
+        raise ImportRefused("preprocessor_config.json: pad_size pads to a fixed size with a pixel mask; not supported")
+    default = _DETR_DEFAULT_SIZE if task == "detection" else {"height": 224, "width": 224}
+    size = _size_dict(processor.get("size", default), processor.get("max_size"), square=task == "classification")
+    fields: dict[str, Any] = {}
+    if "height" in size and "width" in size:
+        fields.update(resize="stretch", size=Size(height=size["height"], width=size["width"]))
+    elif "shortest_edge" in size:
+        fields.update(
+            resize="shortest_edge", shortest_edge=size["shortest_edge"], longest_edge=size.get("longest_edge")
+        )
+    else:
+        raise ImportRefused(f"preprocessor_config.json: size {size} has no matching resize policy")
+    if processor.get("do_center_crop", False):
+        crop = _size_dict(processor.get("crop_size", 224), None, square=True)
+        fields["crop_size"] = Size(height=crop["height"], width=crop["width"])
+    resample = processor.get("resample", 2)
+    if resample not in _RESAMPLE:
+        raise ImportRefused(f"preprocessor_config.json: resample {resample!r} is not a PIL filter number")
+    normalize = processor.get("do_normalize", True)
+    return Preprocessing(
+        color_mode="RGB",
+        interpolation=_RESAMPLE[resample],
+        scale=float(processor.get("rescale_factor", 1 / 255)) if processor.get("do_rescale", True) else 1.0,
+        mean=_per_channel(processor.get("image_mean", [0.5] * 3), "image_mean") if normalize else [0.0] * 3,
+        std=_per_channel(processor.get("image_std", [0.5] * 3), "image_std") if normalize else [1.0] * 3,
+        **fields,
+    )
+
+
+def labels_from_config(config: dict[str, Any], task: str) -> list[str]:
+    """Class index -> name from ``id2label``; detection appends the no-object class last."""
+    id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
+    count = max(len(id2label), int(config.get("num_labels", 0) or 0))
+    labels = [id2label.get(i, f"LABEL_{i}") for i in range(count)]
+    return [*labels, NO_OBJECT] if task == "detection" else labels
+
+
+class _Classifier(nn.Module):
+    """(B, 3, H, W) pixel values -> logits (B, num_labels)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        return self.model(pixel_values=pixel_values).logits
+
+
+class _Detector(nn.Module):
+    """(B, 3, H, W) pixel values -> (pred_logits (B, Q, num_labels + 1), pred_boxes (B, Q, 4) cxcywh in [0, 1])."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # No pixel_mask: the server never pads, so DETR's default all-ones mask is the right one.
+        outputs = self.model(pixel_values=pixel_values)
+        return outputs.logits, outputs.pred_boxes
+
+
+def sample_image(seed: int, width: int, height: int) -> Image.Image:
+    """A deterministic photo-like RGB test image: smooth colour gradients plus noise, uint8."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:height, 0:width].astype(np.float32)
+    phase = rng.uniform(0, 2 * np.pi, size=3)
+    channels = [127 + 100 * np.sin(xx / (9 + 5 * c) + yy / (13 + 3 * c) + phase[c]) for c in range(3)]
+    pixels = np.stack(channels, axis=-1) + rng.normal(0, 12, size=(height, width, 3))
+    return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB")
+
+
+def _parity_batches(preprocess: Preprocessor) -> list[torch.Tensor]:
+    """Batch 1 of a landscape image and batch 2 of portrait ones (or 4 of fixed-size ones), preprocessed."""
+    if preprocess.dynamic:
+        landscape = [preprocess(sample_image(0, 640, 480))]
+        portrait = [preprocess(sample_image(seed, 480, 640)) for seed in (1, 2)]
+        return [torch.from_numpy(np.stack(landscape)), torch.from_numpy(np.stack(portrait))]
+    images = [preprocess(sample_image(seed, 400, 300)) for seed in range(4)]
+    return [torch.from_numpy(np.stack(images[:1])), torch.from_numpy(np.stack(images))]
+
+
+def load_model(folder: Path, architecture: str) -> nn.Module:
+    """The checkpoint as its transformers class, in eval mode, from local files only."""
+    import transformers
+
+    model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True)
+    return model.eval()
+
+
+def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
+    """Export a transformers checkpoint folder to ``out/model.onnx`` and write ``out/model.json``.
+
+    Raises:
+        ImportRefused: an unsupported architecture or processor, or a timm-backbone DETR.
+        ParityError: ONNX Runtime and transformers differ by more than 1e-4.
+    """
+    import transformers
+
+    config = _read_json(folder / "config.json")
+    processor = _read_json(folder / "preprocessor_config.json")
+    architecture = architecture_of(config, folder)
+    task = TASKS[architecture]
+    if task == "detection":
+        check_backbone(config, folder)
+    preprocessing = preprocessing_from_processor(processor, task)
+    labels = labels_from_config(config, task)
+    model = load_model(folder, architecture)
+    wrapper = _Detector(model) if task == "detection" else _Classifier(model)
+    output_names = ("pred_logits", "pred_boxes") if task == "detection" else ("logits",)
+
+    preprocess = Preprocessor(preprocessing)
+    batches = _parity_batches(preprocess)
+    with torch.no_grad():
+        width = (wrapper(batches[0])[0] if task == "detection" else wrapper(batches[0])).shape[-1]
+    if width != len(labels):
+        raise ImportRefused(f"{folder}: the model outputs {width} classes but id2label gives {len(labels)} labels")
+    path = out / "model.onnx"
+    export_onnx(wrapper, batches[-1], path, output_names=output_names, dynamic_hw=preprocess.dynamic, opset=opset)
+    diffs = parity(wrapper, path, batches)
+
+    c, h, w = preprocess.output_shape
+    hw: list[int | str] = ["height", "width"] if preprocess.dynamic else [h, w]
+    notes = [
+        f"transformers {transformers.__version__}; preprocessing and labels from the checkpoint's "
+        f"{processor.get('image_processor_type', 'image processor')} config and id2label",
+    ]
+    if architecture == "DeiTForImageClassificationWithTeacher":
+        notes.append("logits = (class head + distillation head) / 2, DeiT's inference rule")
+    if task == "detection":
+        notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
+    source = config.get("_name_or_path") or folder.name
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        task=task,
+        description=f"{architecture} imported from the transformers checkpoint {source}",
+        input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, *hw]),
+        outputs=list(output_names),
+        preprocessing=preprocessing,
+        labels=labels,
+        provenance=Provenance(
+            training_data=f"not known here: a Hugging Face transformers checkpoint ({source}) trained elsewhere",
+            recipe=f"trained outside patchserve; imported with: python -m export hf {folder} --to {out}",
+            metrics={},
+            export=ExportInfo(
+                exporter="torch.onnx.export(dynamo=True)",
+                opset=opset,
+                torch_version=torch.__version__,
+                parity_max_abs_diff=diffs,
+            ),
+            notes="; ".join(notes),
+        ),
+    )
+    write_manifest(manifest, out / "model.json")
+    return manifest
