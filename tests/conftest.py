@@ -143,3 +143,27 @@ def digits_test_split():
     from models.datasets import load_digits_splits
 
     return load_digits_splits()[1]
+
+
+# The random-weight transformers presets (export.hf_presets) imported into `hf_repository`.
+HF_PRESETS = ("tiny-vit", "tiny-deit-distilled", "tiny-detr")
+
+
+@pytest.fixture(scope="session")
+def hf_repository(tmp_path_factory) -> Path:
+    """Random-weight transformers checkpoints built offline and imported with ``export hf``.
+
+    Returns a folder holding ``checkpoints/<preset>/`` (the ``save_pretrained`` folders) and
+    ``repository/`` (a model repository with those imports as version 1, beside vit-digits).
+    """
+    import shutil
+
+    from export.hf import export_hf
+    from export.hf_presets import build
+
+    root = tmp_path_factory.mktemp("hf")
+    shutil.copytree(MODEL_REPOSITORY / "vit-digits", root / "repository" / "vit-digits")
+    for name in HF_PRESETS:
+        build(name, root / "checkpoints" / name)
+        export_hf(root / "checkpoints" / name, root / "repository" / name / "1", opset=18)
+    return root

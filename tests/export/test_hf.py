@@ -1,0 +1,195 @@
+"""Importing transformers checkpoints: processor configs -> manifest, timm refusal, parity with transformers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+from PIL import Image
+
+from export.hf import ImportRefused, export_hf, labels_from_config, preprocessing_from_processor
+from export.hf_presets import PRESETS, build
+from service.manifest import Size, load_manifest
+from service.preprocess import Preprocessor, keep_aspect_size
+from tests.conftest import HF_PRESETS
+
+IMAGES = Path("/work/shared/images/skimage")
+PHOTOS = ["chelsea.png", "astronaut.png", "coffee.png"]
+
+
+def photo(name: str = "chelsea.png") -> Image.Image:
+    path = IMAGES / name
+    if not path.exists():
+        pytest.fail(f"{path} missing: the shared test images are part of the machine set-up")
+    return Image.open(path).convert("RGB")
+
+
+def write_processor(folder: Path, preset: str) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "preprocessor_config.json").write_text(json.dumps(PRESETS[preset][1]))
+    return folder
+
+
+def test_vit_processor_is_a_stretch_to_its_size() -> None:
+    spec = preprocessing_from_processor(PRESETS["vit-base-patch16-224"][1], "classification")
+    assert spec.resize == "stretch" and spec.size == Size(height=224, width=224) and spec.crop_size is None
+    assert spec.interpolation == "bilinear" and spec.scale == pytest.approx(1 / 255)
+    assert spec.mean == [0.5] * 3 and spec.std == [0.5] * 3 and spec.color_mode == "RGB"
+
+
+def test_deit_legacy_int_size_is_a_square_then_a_centre_crop() -> None:
+    spec = preprocessing_from_processor(PRESETS["deit-base-distilled-patch16-224"][1], "classification")
+    assert spec.resize == "stretch" and spec.size == Size(height=256, width=256)
+    assert spec.crop_size == Size(height=224, width=224) and spec.interpolation == "bicubic"
+    assert spec.mean == [0.485, 0.456, 0.406] and spec.std == [0.229, 0.224, 0.225]
+    assert Preprocessor(spec).output_shape == (3, 224, 224)
+
+
+def test_detr_sizes_new_and_legacy_forms() -> None:
+    spec = preprocessing_from_processor(PRESETS["detr-resnet-50"][1], "detection")
+    legacy = {**PRESETS["detr-resnet-50"][1], "size": 800, "max_size": 1333}
+    assert spec == preprocessing_from_processor(legacy, "detection")
+    assert spec.resize == "shortest_edge" and (spec.shortest_edge, spec.longest_edge) == (800, 1333)
+    assert spec.size is None and Preprocessor(spec).dynamic
+    plain = preprocessing_from_processor({"do_rescale": False, "do_normalize": False}, "detection")
+    assert plain.scale == 1.0 and plain.mean == [0.0] * 3 and plain.std == [1.0] * 3 and plain.shortest_edge == 800
+
+
+@pytest.mark.parametrize(
+    ("processor", "message"),
+    [
+        ({"do_resize": False}, "do_resize"),
+        ({"pad_size": {"height": 800, "width": 800}}, "pad_size"),
+        ({"size": {"max_height": 800, "max_width": 800}}, "no matching resize policy"),
+        ({"size": "big"}, "size"),
+        ({"resample": 7}, "resample"),
+        ({"image_mean": [0.5, 0.5]}, "image_mean"),
+    ],
+)
+def test_processors_without_a_matching_policy_are_refused(processor: dict, message: str) -> None:
+    with pytest.raises(ImportRefused, match=message):
+        preprocessing_from_processor(processor, "detection")
+
+
+def test_labels_from_id2label_with_no_object_last_for_detection() -> None:
+    config = {"id2label": {"1": "dog", "0": "cat"}}
+    assert labels_from_config(config, "classification") == ["cat", "dog"]
+    assert labels_from_config(config, "detection") == ["cat", "dog", "no-object"]
+    assert labels_from_config({"num_labels": 2}, "classification") == ["LABEL_0", "LABEL_1"]
+
+
+def test_keep_aspect_size_is_the_detr_processors_arithmetic() -> None:
+    from transformers.image_transforms import get_resize_output_image_size, get_size_with_aspect_ratio
+
+    rng = np.random.default_rng(0)
+    sizes = [(480, 640), (640, 480), (800, 1200), (800, 800), (1, 1000), (1000, 1), (333, 1333), (799, 1333)]
+    sizes += [tuple(int(v) for v in rng.integers(1, 3000, size=2)) for _ in range(2000)]
+    for height, width in sizes:
+        for shortest, longest in [(800, 1333), (96, 160), (224, 224)]:
+            assert keep_aspect_size(height, width, shortest, longest) == get_size_with_aspect_ratio(
+                (height, width), shortest, longest
+            ), (height, width, shortest, longest)
+        image = np.zeros((height, width, 3), np.uint8)
+        assert keep_aspect_size(height, width, 256, None) == get_resize_output_image_size(
+            image, 256, default_to_square=False, input_data_format="channels_last"
+        )
+
+
+@pytest.mark.parametrize("preset", ["vit-base-patch16-224", "deit-base-distilled-patch16-224", "detr-resnet-50"])
+def test_served_preprocessing_equals_the_transformers_processor(tmp_path: Path, preset: str) -> None:
+    from transformers import AutoImageProcessor
+
+    processor = AutoImageProcessor.from_pretrained(str(write_processor(tmp_path, preset)), local_files_only=True)
+    task = "detection" if preset.startswith("detr") else "classification"
+    ours = Preprocessor(preprocessing_from_processor(PRESETS[preset][1], task))
+    for name in PHOTOS:
+        image = photo(name)
+        theirs = processor(images=image, return_tensors="np")["pixel_values"][0]
+        mine = ours(image)
+        assert mine.shape == theirs.shape and mine.dtype == np.float32
+        assert float(np.max(np.abs(mine - theirs))) <= 1e-5, (preset, name)
+
+
+def test_a_timm_backbone_detr_is_refused_naming_the_reason(tmp_path: Path) -> None:
+    config = {
+        "architectures": ["DetrForObjectDetection"],
+        "model_type": "detr",
+        "use_timm_backbone": True,
+        "backbone": "resnet50",
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    write_processor(tmp_path, "detr-resnet-50")
+    with pytest.raises(ImportRefused, match=r"timm backbone.*torchvision.*no_timm") as refused:
+        export_hf(tmp_path, tmp_path / "out", opset=18)
+    assert "'resnet50'" in str(refused.value) and not (tmp_path / "out").exists()
+    del config["use_timm_backbone"]  # transformers' default when no backbone_config is given
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ImportRefused, match="timm"):
+        export_hf(tmp_path, tmp_path / "out", opset=18)
+
+    from export.__main__ import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["hf", str(tmp_path), "--to", str(tmp_path / "out")])
+    assert exited.value.code == 2
+
+
+def test_unsupported_architectures_and_missing_files_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ImportRefused, match=r"config\.json is missing"):
+        export_hf(tmp_path, tmp_path / "out", opset=18)
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["BertForMaskedLM"]}))
+    write_processor(tmp_path, "vit-base-patch16-224")
+    with pytest.raises(ImportRefused, match=r"BertForMaskedLM.*ViTForImageClassification"):
+        export_hf(tmp_path, tmp_path / "out", opset=18)
+
+
+def transformers_outputs(folder: Path, pixel_values: np.ndarray) -> dict[str, np.ndarray]:
+    import transformers
+
+    config = json.loads((folder / "config.json").read_text())
+    model = getattr(transformers, config["architectures"][0]).from_pretrained(str(folder), local_files_only=True)
+    with torch.no_grad():
+        out = model.eval()(pixel_values=torch.from_numpy(pixel_values))
+    return {k: v.numpy() for k, v in out.items() if isinstance(v, torch.Tensor)}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny-vit", "tiny-deit", "tiny-deit-distilled", "tiny-detr"])
+def test_imported_graph_equals_transformers_on_a_photo(tmp_path: Path, preset: str, hf_repository: Path) -> None:
+    from transformers import AutoImageProcessor
+
+    if preset in HF_PRESETS:  # already imported once for the session
+        folder, out = hf_repository / "checkpoints" / preset, hf_repository / "repository" / preset / "1"
+        manifest = load_manifest(out / "model.json")
+    else:
+        folder, out = build(preset, tmp_path / "checkpoint"), tmp_path / "out"
+        manifest = export_hf(folder, out, opset=18)
+        assert load_manifest(out / "model.json") == manifest
+    diffs = manifest.provenance.export.parity_max_abs_diff
+    assert set(diffs) == {"1", "2" if preset == "tiny-detr" else "4"} and max(diffs.values()) <= 1e-4
+
+    # Independently of the export's own check: transformers' processor and model on two photos.
+    processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    images = [photo("chelsea.png"), photo("chelsea.png").transpose(Image.Transpose.ROTATE_90)]
+    for image in images:
+        pixel_values = processor(images=image, return_tensors="np")["pixel_values"]  # (1, 3, H, W)
+        expected = transformers_outputs(folder, pixel_values)
+        got = dict(zip(manifest.outputs, session.run(None, {"pixel_values": pixel_values}), strict=True))
+        if preset == "tiny-detr":
+            assert manifest.input.shape == ["batch", 3, "height", "width"]
+            assert manifest.labels == ["cat", "dog", "cup", "N/A", "no-object"]
+            assert float(np.max(np.abs(got["pred_logits"] - expected["logits"]))) <= 1e-4
+            assert float(np.max(np.abs(got["pred_boxes"] - expected["pred_boxes"]))) <= 1e-4
+        else:
+            assert manifest.input.shape == ["batch", 3, 32, 32] and manifest.labels[7] == "seven"
+            assert float(np.max(np.abs(got["logits"] - expected["logits"]))) <= 1e-4
+    if preset == "tiny-deit-distilled":  # DeiT's inference rule: the mean of the two heads
+        np.testing.assert_allclose(
+            expected["logits"], (expected["cls_logits"] + expected["distillation_logits"]) / 2, atol=1e-6
+        )
+        assert "distillation head" in manifest.provenance.notes

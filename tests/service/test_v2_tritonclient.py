@@ -1,0 +1,161 @@
+"""The real tritonclient[http] client against the real server, on imported transformers models.
+
+The server runs from the torch-free serving environment on a repository holding vit-digits and
+random-weight transformers checkpoints imported with ``python -m export hf`` (the session
+fixture ``hf_repository``); the client is NVIDIA's own, from PyPI.
+"""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from PIL import Image
+from tritonclient.utils import InferenceServerException
+
+from service.images import decode_image
+from service.manifest import load_manifest
+from service.postprocess import classify
+from service.preprocess import Preprocessor
+from tests.conftest import ROOT, server_process
+
+pytestmark = pytest.mark.slow
+CHELSEA = Path("/work/shared/images/skimage/chelsea.png")
+DIGIT_7 = ROOT / "examples" / "digit-7.png"
+
+
+@pytest.fixture(scope="module")
+def server(hf_repository: Path):
+    """(base URL, tritonclient InferenceServerClient, repository) for one real server."""
+    if not CHELSEA.exists():
+        pytest.fail(f"{CHELSEA} missing: the shared test images are part of the machine set-up")
+    repository = hf_repository / "repository"
+    with server_process(env={"PATCHSERVE_MODEL_REPOSITORY": str(repository)}) as (url, _):
+        client = triton.InferenceServerClient(url=url.removeprefix("http://"))
+        try:
+            yield url, client, repository
+        finally:
+            client.close()
+
+
+def served_tensor(repository: Path, model: str, *files: Path) -> np.ndarray:
+    """What the server feeds the graph for these image files: its own decoding and preprocessing."""
+    manifest = load_manifest(repository / model / "1" / "model.json")
+    preprocess = Preprocessor(manifest.preprocessing)
+    mode = manifest.preprocessing.color_mode
+    return np.stack([preprocess(decode_image(f.read_bytes(), color_mode=mode, max_pixels=10**8).image) for f in files])
+
+
+def triton_infer(client, model: str, x: np.ndarray, outputs: list[str], *, binary: bool) -> dict[str, np.ndarray]:
+    tensor = triton.InferInput("pixel_values", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=binary)
+    requested = [triton.InferRequestedOutput(name, binary_data=binary) for name in outputs]
+    result = client.infer(model, [tensor], outputs=requested, request_id="triton-1")
+    assert result.get_response()["id"] == "triton-1"
+    return {name: result.as_numpy(name) for name in outputs}
+
+
+def test_health_and_metadata_through_tritonclient(server) -> None:
+    _, client, _ = server
+    assert client.is_server_live() and client.is_server_ready()
+    for model in ("vit-digits", "tiny-vit", "tiny-deit-distilled", "tiny-detr"):
+        assert client.is_model_ready(model) and client.is_model_ready(model, "1")
+    assert not client.is_model_ready("vit-digits", "2")
+    metadata = client.get_server_metadata()
+    assert metadata["name"] == "patchserve" and "binary_tensor_data" in metadata["extensions"]
+    vit = client.get_model_metadata("tiny-vit")
+    assert vit["platform"] == "onnxruntime_onnx" and vit["versions"] == ["1"]
+    assert vit["inputs"] == [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
+    assert vit["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    detr = client.get_model_metadata("tiny-detr", "1")
+    assert detr["inputs"][0]["shape"] == [-1, 3, -1, -1]
+    assert [(o["name"], o["shape"]) for o in detr["outputs"]] == [
+        ("pred_logits", [-1, 12, 5]),
+        ("pred_boxes", [-1, 12, 4]),
+    ]
+    config = client.get_model_config("tiny-detr")
+    assert config["max_batch_size"] >= 1 and config["input"][0]["dims"] == [3, -1, -1]
+    with pytest.raises(InferenceServerException, match="no model named 'nope'") as missing:
+        client.get_model_metadata("nope")
+    assert missing.value.status() == "404"
+
+
+@pytest.mark.parametrize(("model", "image"), [("vit-digits", DIGIT_7), ("tiny-vit", CHELSEA)])
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_classifier_infer_equals_v1_classify(server, model: str, image: Path, binary: bool) -> None:
+    url, client, repository = server
+    x = served_tensor(repository, model, image)  # (1, C, H, W)
+    logits = triton_infer(client, model, x, ["logits"], binary=binary)["logits"]
+    labels = load_manifest(repository / model / "1" / "model.json").labels
+    v1 = httpx.post(f"{url}/v1/models/{model}/classify", files={"image": image.read_bytes()}, params={"top_k": 10})
+    assert v1.status_code == 200, v1.text
+    ours = classify(logits[0], labels, 10)
+    assert [p["label"] for p in ours] == [p["label"] for p in v1.json()["predictions"]]
+    np.testing.assert_allclose([p["score"] for p in ours], [p["score"] for p in v1.json()["predictions"]], atol=1e-6)
+
+
+def test_a_batch_through_tritonclient_equals_its_rows(server) -> None:
+    _, client, repository = server
+    x = served_tensor(repository, "tiny-deit-distilled", CHELSEA, CHELSEA, DIGIT_7)
+    batch = triton_infer(client, "tiny-deit-distilled", x, ["logits"], binary=True)["logits"]
+    rows = [
+        triton_infer(client, "tiny-deit-distilled", x[i : i + 1], ["logits"], binary=True)["logits"] for i in range(3)
+    ]
+    assert batch.shape == (3, 10)
+    np.testing.assert_allclose(batch, np.concatenate(rows), atol=1e-5)
+    np.testing.assert_array_equal(batch[0], batch[1])
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_detector_infer_through_tritonclient(server, binary: bool) -> None:
+    _, client, repository = server
+    x = served_tensor(repository, "tiny-detr", CHELSEA)  # chelsea is 451x300: (1, 3, 96, 144)
+    assert x.shape == (1, 3, 96, 144)
+    out = triton_infer(client, "tiny-detr", x, ["pred_logits", "pred_boxes"], binary=binary)
+    assert out["pred_logits"].shape == (1, 12, 5) and out["pred_boxes"].shape == (1, 12, 4)
+    assert np.all((out["pred_boxes"] >= 0) & (out["pred_boxes"] <= 1))
+    # The same tensor through ONNX Runtime directly (the graph the server loaded).
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(
+        str(repository / "tiny-detr" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
+    )
+    logits, boxes = session.run(None, {"pixel_values": x})
+    np.testing.assert_allclose(out["pred_logits"], logits, atol=1e-5)
+    np.testing.assert_allclose(out["pred_boxes"], boxes, atol=1e-5)
+
+
+def test_default_outputs_come_back_binary_and_errors_are_client_exceptions(server) -> None:
+    _, client, repository = server
+    x = served_tensor(repository, "tiny-vit", CHELSEA)
+    tensor = triton.InferInput("pixel_values", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x)
+    result = client.infer("tiny-vit", [tensor])  # no outputs named: the client asks for all, binary
+    assert result.as_numpy("logits").shape == (1, 10)
+    assert "binary_data_size" in result.get_output("logits")["parameters"]
+    top = client.infer("tiny-vit", [tensor], outputs=[triton.InferRequestedOutput("logits", class_count=3)])
+    assert top.as_numpy("logits").shape == (1, 3)
+    wrong = triton.InferInput("pixel_values", [1, 3, 16, 16], "FP32")
+    wrong.set_data_from_numpy(np.zeros((1, 3, 16, 16), np.float32))
+    with pytest.raises(InferenceServerException, match=r"\[-1, 3, 32, 32\]") as bad:
+        client.infer("tiny-vit", [wrong])
+    assert bad.value.status() == "400"
+
+
+@pytest.mark.parametrize("model", ["tiny-vit", "tiny-deit-distilled"])
+def test_classifier_top5_equals_the_transformers_pipeline(server, hf_repository: Path, model: str) -> None:
+    from transformers import pipeline
+
+    url, _, _ = server
+    classifier = pipeline("image-classification", model=str(hf_repository / "checkpoints" / model), device="cpu")
+    expected = classifier(Image.open(io.BytesIO(CHELSEA.read_bytes())).convert("RGB"), top_k=5)
+    response = httpx.post(
+        f"{url}/v1/models/{model}/classify", files={"image": CHELSEA.read_bytes()}, params={"top_k": 5}
+    )
+    served = response.json()["predictions"]
+    assert [p["label"] for p in served] == [p["label"] for p in expected]
+    np.testing.assert_allclose([p["score"] for p in served], [p["score"] for p in expected], atol=1e-5)
