@@ -10,7 +10,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools
+.PHONY: serve test test-fast models lint clean tools hf-parity
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -64,3 +64,12 @@ lint: $(DEV_VENV)/.installed
 
 clean:
 	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache
+
+# Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
+# nothing is downloaded) and print the parity each import measured: the README's figures.
+HF_PRESETS := vit-base-patch16-224 deit-base-distilled-patch16-224 detr-resnet-50
+hf-parity: $(DEV_VENV)/.installed
+	for preset in $(HF_PRESETS); do \
+		$(DEV_VENV)/bin/python -m export.hf_presets $$preset --out runs/hf/$$preset && \
+		$(DEV_VENV)/bin/python -m export hf runs/hf/$$preset --to runs/hf-repository/$$preset/1 || exit 1; \
+	done

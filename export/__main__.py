@@ -56,7 +56,8 @@ def main(argv: list[str] | None = None) -> None:
         except ImportRefused as exc:
             parser.exit(2, f"python -m export hf: {exc}\n")
         print(
-            f"wrote {args.to}: {manifest.task}, input {manifest.input.shape}, {len(manifest.labels)} labels, "
+            f"wrote {args.to}: {manifest.task}, {manifest.provenance.notes.split(';')[0]}, "
+            f"input {manifest.input.shape}, {len(manifest.labels)} labels, "
             f"parity max |ORT - transformers| by batch size {manifest.provenance.export.parity_max_abs_diff}"
         )
 

@@ -267,9 +267,10 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
 
     c, h, w = preprocess.output_shape
     hw: list[int | str] = ["height", "width"] if preprocess.dynamic else [h, w]
+    parameters = sum(p.numel() for p in model.parameters())
     notes = [
-        f"transformers {transformers.__version__}; preprocessing and labels from the checkpoint's "
-        f"{processor.get('image_processor_type', 'image processor')} config and id2label",
+        f"{parameters / 1e6:.1f}M parameters; transformers {transformers.__version__}; preprocessing and labels "
+        f"from the checkpoint's {processor.get('image_processor_type', 'image processor')} config and id2label",
     ]
     if architecture == "DeiTForImageClassificationWithTeacher":
         notes.append("logits = (class head + distillation head) / 2, DeiT's inference rule")

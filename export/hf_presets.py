@@ -2,11 +2,12 @@
 
     python -m export.hf_presets vit-base-patch16-224 --out runs/hf/vit-base-patch16-224
 
-writes a ``save_pretrained`` folder whose ``config.json`` and ``preprocessor_config.json`` are
-those of the hub checkpoint of that name (as the hub serves them, older key forms included)
-and whose weights are random (seeded). Nothing is downloaded: no model hub can be reached
-here, so the import (``python -m export hf``) and its parity are proven on these. The
-``tiny-*`` presets are small versions of the same architectures for tests.
+writes a ``save_pretrained`` folder whose ``config.json`` and ``preprocessor_config.json``
+follow those of the hub checkpoint of that name (architecture sizes, preprocessing, the older
+key forms the hub still serves) and whose weights are random (seeded). Nothing is
+downloaded: no model hub can be reached here, so the import (``python -m export hf``) and its
+parity are proven on these. The ``tiny-*`` presets are small versions of the same
+architectures for tests.
 
 Sources of the configs: google/vit-base-patch16-224, facebook/deit-base-distilled-patch16-224
 and facebook/detr-resnet-50 (revision ``no_timm``, transformers' ResNet-50 backbone). ImageNet
