@@ -109,6 +109,8 @@ class InferRequest:
         outputs: the outputs asked for, in order; None means every output of the model.
         binary_output: the request-level ``binary_data_output`` parameter (default False).
         parameters: the request-level parameters as sent.
+        timeout: the request-level ``timeout`` parameter (Triton's, sent in microseconds) in
+            seconds; None when absent or 0 (no timeout of its own).
     """
 
     id: str | None
@@ -116,6 +118,7 @@ class InferRequest:
     outputs: list[RequestedOutput] | None
     binary_output: bool = False
     parameters: dict[str, Any] = field(default_factory=dict)
+    timeout: float | None = None
 
 
 @dataclass(frozen=True)
@@ -260,6 +263,11 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     parameters = _parameters(document, "the request")
     binary_output = parameters.get("binary_data_output", False)
     _require(isinstance(binary_output, bool), "parameters.binary_data_output must be true or false")
+    timeout_us = parameters.get("timeout", 0)
+    _require(
+        isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us >= 0,
+        "parameters.timeout must be a non-negative integer (microseconds)",
+    )
 
     entries = document.get("inputs")
     _require(isinstance(entries, list) and bool(entries), "inputs must be a non-empty list")
@@ -277,7 +285,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         outputs = [_read_output(entry, i, binary_output) for i, entry in enumerate(document["outputs"])]
         names = [o.name for o in outputs]
         _require(len(set(names)) == len(names), "an output is requested twice")
-    return InferRequest(request_id, inputs, outputs, binary_output, parameters)
+    return InferRequest(request_id, inputs, outputs, binary_output, parameters, timeout_us / 1e6 or None)
 
 
 def _bytes_element(value: Any) -> bytes:

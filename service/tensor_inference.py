@@ -115,7 +115,9 @@ def _requested(model: ModelVersion, request: InferRequest) -> list[RequestedOutp
     return request.outputs
 
 
-async def infer_tensors(model: ModelVersion, request: InferRequest, *, max_rows: int) -> TensorOutcome:
+async def infer_tensors(
+    model: ModelVersion, request: InferRequest, *, max_rows: int, deadline: float | None = None
+) -> TensorOutcome:
     """Run a parsed inference request on ``model``.
 
     Args:
@@ -123,6 +125,8 @@ async def infer_tensors(model: ModelVersion, request: InferRequest, *, max_rows:
         request: the parsed request; its one input must be the manifest's input tensor
             (B, C, H, W) of the manifest's dtype, H and W as fixed by the manifest or any size.
         max_rows: the largest batch size B accepted in one request.
+        deadline: when the request expires, on the batcher's clock (``model.batcher.deadline()``);
+            None: the batcher's ``request_timeout`` from now.
 
     Returns:
         The requested outputs, each stacked to (B, ...) in row order.
@@ -139,7 +143,8 @@ async def infer_tensors(model: ModelVersion, request: InferRequest, *, max_rows:
         if output.classification and model.manifest.task != "classification":
             raise BadRequest(f"output {output.name!r}: the classification extension needs a classification model")
     rows = await asyncio.gather(
-        *(model.batcher.submit(np.ascontiguousarray(x[i])) for i in range(x.shape[0])), return_exceptions=True
+        *(model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])),
+        return_exceptions=True,
     )
     failures = [r for r in rows if isinstance(r, BaseException)]
     if failures:

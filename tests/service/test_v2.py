@@ -242,6 +242,24 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await client.get("/v2/repository/index"), 404)
 
 
+async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> None:
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        # Triton's request-level timeout, in microseconds: 1 us has passed before the row is queued.
+        expired = await client.post(INFER, json=json_request(x, parameters={"timeout": 1}))
+        generous = await client.post(INFER, json=json_request(x, parameters={"timeout": 10_000_000}))
+        by_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "0.000001"})
+        bad = await client.post(INFER, json=json_request(x, parameters={"timeout": -5}))
+        bad_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "soon"})
+        metrics = (await client.get("/metrics")).text
+    assert_error(expired, 504, "deadline")
+    assert generous.status_code == 200
+    assert_error(by_header, 504, "deadline")
+    assert_error(bad, 400, "timeout")
+    assert_error(bad_header, 400)
+    assert 'patchserve_requests_total{model="vit-digits",outcome="timeout",version="1"}' in metrics
+
+
 async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
     from service.app import create_app
     from tests.conftest import make_settings

@@ -15,13 +15,14 @@ import time
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import metrics
 from service.api.deps import Repository, State, get_repository
+from service.api.lifetime import requested_timeout, unless_disconnected
 from service.api.uploads import read_body
 from service.errors import BadRequest, ProblemError
 from service.inference_protocol import (
@@ -150,7 +151,11 @@ def _config(model: ModelVersion) -> dict[str, Any]:
         "output": [{"name": n, "data_type": data_type(t), "dims": s[1:]} for n, t, s in output_specs(model)],
         "dynamic_batching": {
             "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
-            "default_queue_policy": {"max_queue_size": batching.queue_size},
+            "default_queue_policy": {
+                "max_queue_size": batching.queue_size,
+                "default_timeout_microseconds": round(batching.request_timeout * 1e6),
+                "timeout_action": "REJECT",
+            },
         },
         "instance_group": [{"count": 1, "kind": "KIND_GPU" if model.runner.providers.primary == CUDA else "KIND_CPU"}],
     }
@@ -167,19 +172,31 @@ async def model_version_config(name: str, version: str, repository: Repository) 
 
 
 async def _infer(request: Request, state: State, name: str, version: str | None) -> Response:
-    """Read, parse, run and encode one inference request; count its outcome."""
+    """Read, parse, run and encode one inference request; count its outcome.
+
+    The deadline runs from arrival: the server's ``request_timeout``, shortened by ``?timeout=``
+    or ``X-Request-Timeout`` (seconds, as on ``/v1``) and by the request's ``timeout``
+    parameter (microseconds, Triton's). Once the body is read, a client that disconnects
+    cancels the work (its queued rows are dropped), counted as ``cancelled``.
+    """
     started = time.perf_counter()
     labels = (metrics.UNKNOWN_MODEL, "")
     try:
         model = get_repository(request).get(name, version)
         labels = (model.name, str(model.version))
+        arrived = model.batcher.clock.now()
+        deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         settings = state.settings
         body = await read_body(request, settings.max_body_bytes)
         body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
         parse_started = time.perf_counter()
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
         parse_seconds = time.perf_counter() - parse_started
-        outcome = await infer_tensors(model, parsed, max_rows=settings.max_images_per_request)
+        if parsed.timeout is not None:
+            deadline = min(deadline, arrived + parsed.timeout)
+        outcome = await unless_disconnected(
+            request, infer_tensors(model, parsed, max_rows=settings.max_images_per_request, deadline=deadline)
+        )
         content, headers = encode_infer_response(model.name, str(model.version), parsed.id, outcome.outputs)
     except ProblemError as exc:
         metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
@@ -205,13 +222,21 @@ _INFER_BODY = {
 }
 
 
-@router.post("/models/{name}/infer", summary="Inference on raw tensors (JSON or binary)", openapi_extra=_INFER_BODY)
+@router.post(
+    "/models/{name}/infer",
+    summary="Inference on raw tensors (JSON or binary)",
+    openapi_extra=_INFER_BODY,
+    dependencies=[Depends(requested_timeout)],
+)
 async def infer(name: str, request: Request, state: State) -> Response:
     return await _infer(request, state, name, None)
 
 
 @router.post(
-    "/models/{name}/versions/{version}/infer", summary="Inference on one model version", openapi_extra=_INFER_BODY
+    "/models/{name}/versions/{version}/infer",
+    summary="Inference on one model version",
+    openapi_extra=_INFER_BODY,
+    dependencies=[Depends(requested_timeout)],
 )
 async def infer_version(name: str, version: str, request: Request, state: State) -> Response:
     return await _infer(request, state, name, version)
