@@ -158,6 +158,8 @@ def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Prepro
     else:
         raise ImportRefused(f"preprocessor_config.json: size {size} has no matching resize policy")
     if processor.get("do_center_crop", False):
+        if task == "detection":
+            raise ImportRefused("preprocessor_config.json: a centre crop before a detector would cut boxes off")
         crop = _size_dict(processor.get("crop_size", 224), None, square=True)
         fields["crop_size"] = Size(height=crop["height"], width=crop["width"])
     resample = processor.get("resample", 2)

@@ -68,6 +68,7 @@ def test_detr_sizes_new_and_legacy_forms() -> None:
         ({"size": "big"}, "size"),
         ({"resample": 7}, "resample"),
         ({"image_mean": [0.5, 0.5]}, "image_mean"),
+        ({"do_center_crop": True, "crop_size": 224}, "crop"),
     ],
 )
 def test_processors_without_a_matching_policy_are_refused(processor: dict, message: str) -> None:
