@@ -81,7 +81,8 @@ async def test_health_and_server_metadata() -> None:
         live = await client.get("/v2/health/live")
         ready = await client.get("/v2/health/ready")
         meta = await client.get("/v2")
-    assert live.status_code == 200 and ready.status_code == 200
+        head = await client.head("/v2/health/ready")
+    assert live.status_code == 200 and ready.status_code == 200 and head.status_code == 200
     assert meta.json() == {
         "name": "patchserve",
         "version": "0.1.0",
