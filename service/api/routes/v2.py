@@ -73,16 +73,14 @@ async def server_metadata(request: Request) -> dict[str, Any]:
     return {"name": "patchserve", "version": request.app.version, "extensions": EXTENSIONS}
 
 
-@router.api_route("/health/live", methods=["GET", "HEAD"], summary="Server liveness: 200 while the process serves")
+@router.get("/health/live", summary="Server liveness: 200 while the process serves")
+@router.head("/health/live", include_in_schema=False)
 async def server_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.api_route(
-    "/health/ready",
-    methods=["GET", "HEAD"],
-    summary="Server readiness: 200 once every model is ready, else 400 with the reason",
-)
+@router.get("/health/ready", summary="Server readiness: 200 once every model is ready, else 400 with the reason")
+@router.head("/health/ready", include_in_schema=False)
 async def server_ready(state: State) -> dict[str, bool]:
     reasons = state.not_ready_reasons()
     if reasons:
