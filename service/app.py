@@ -16,7 +16,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 
-from service.admission import AdmissionMiddleware
+from service.admission import EXEMPT_PATHS, AdmissionMiddleware
 from service.api.routes import health, inference, metrics, models, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
@@ -115,7 +115,12 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(inference.router)
     app.include_router(metrics.router)
     app.include_router(v2.router)
-    app.add_middleware(AdmissionMiddleware, max_in_flight=settings.max_in_flight, body_timeout=settings.body_timeout)
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_in_flight=settings.max_in_flight,
+        body_timeout=settings.body_timeout,
+        exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
+    )
     add_security_middleware(app, settings)  # outside admission: a request without a key takes no slot
     app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id

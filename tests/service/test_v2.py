@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import struct
 import zlib
@@ -276,3 +277,19 @@ async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
         response = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7)))
     assert_error(response, 503, "loading")
     assert response.headers["retry-after"]
+
+
+async def test_probes_pass_a_full_worker_and_a_late_body_is_a_protocol_408() -> None:
+    from tests.service.test_admission import HeldRequest, until
+
+    async with running_app(max_in_flight=1, body_timeout=1.0) as client:
+        held = HeldRequest(client.app, INFER)  # its body never comes: it holds the only slot until its 408
+        await until(lambda: held.body_reads >= 1)
+        refused = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7)))
+        probes = [await client.get(p) for p in ("/v2/health/live", "/v2/health/ready")]
+        still_held = not held.task.done()
+        await asyncio.wait_for(held.task, 10)
+    assert still_held and refused.status_code == 503
+    assert [r.status_code for r in probes] == [200, 200]
+    assert held.status == 408 and held.headers["connection"] == "close"
+    assert held.headers["content-type"] == "application/json" and "PATCHSERVE_BODY_TIMEOUT" in held.body["error"]

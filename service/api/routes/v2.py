@@ -41,6 +41,8 @@ log = logging.getLogger(__name__)
 # The protocol extensions this server implements (reported by server metadata, as Triton does).
 EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 PLATFORM = "onnxruntime_onnx"
+# The protocol's health probes: like /healthz and /readyz, admission never refuses them.
+PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 
 
 class ProtocolRoute(APIRoute):
