@@ -88,12 +88,30 @@ class Preprocessor:
             return (self.spec.shortest_edge, self.spec.shortest_edge)
         return self.size
 
-    def resized_size(self, width: int, height: int) -> tuple[int, int]:
-        """The (width, height) an image of (width, height) pixels is resized to, before any crop."""
+    def content_size(self, width: int, height: int) -> tuple[int, int]:
+        """(width, height) in input pixels an image of ``width`` x ``height`` pixels fills (before any crop).
+
+        ``stretch`` fills ``size``; ``shortest_edge`` is :func:`keep_aspect_size`, the whole input.
+        """
         if self.size is not None:
             return self.size
         h, w = keep_aspect_size(height, width, self.spec.shortest_edge, self.spec.longest_edge)
         return (w, h)
+
+    def box_scale(self, image_size: tuple[int, int], displayed_size: tuple[int, int]) -> tuple[float, float]:
+        """Pixels of the displayed image per unit of normalised input coordinate, (sx, sy).
+
+        With ``stretch`` and ``shortest_edge`` the input frame is the whole image, so a
+        detector's box coordinate x in [0, 1] is ``x * displayed width`` pixels (y likewise).
+
+        Args:
+            image_size: (width, height) of the image this preprocessor was given (a JPEG may
+                have been draft-decoded smaller than displayed).
+            displayed_size: (width, height) of the full-resolution image as the client
+                displays it (after EXIF orientation), in pixels.
+        """
+        # No padding in either policy: the input frame is the image, whatever size it was decoded at.
+        return (float(displayed_size[0]), float(displayed_size[1]))
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """Resize, crop and normalise ``image``.
@@ -103,11 +121,11 @@ class Preprocessor:
 
         Returns:
             float32 array (C, H, W): H, W = ``crop_size``, else ``size`` (stretch), else those
-            of :meth:`resized_size` (shortest_edge).
+            of :meth:`content_size` (shortest_edge).
         """
         if image.mode != self.spec.color_mode:
             raise ValueError(f"expected a {self.spec.color_mode} image, got {image.mode}")
-        target = self.resized_size(*image.size)
+        target = self.content_size(*image.size)
         if image.size != target:
             image = image.resize(target, self.resample)
         if self.spec.crop_size is not None:

@@ -194,3 +194,11 @@ def test_imported_graph_equals_transformers_on_a_photo(tmp_path: Path, preset: s
             expected["logits"], (expected["cls_logits"] + expected["distillation_logits"]) / 2, atol=1e-6
         )
         assert "distillation head" in manifest.provenance.notes
+
+
+def test_box_scale_maps_normalised_boxes_to_displayed_pixels() -> None:
+    spec = preprocessing_from_processor(PRESETS["detr-resnet-50"][1], "detection")
+    preprocess = Preprocessor(spec)
+    assert preprocess.content_size(640, 480) == (1066, 800)  # (W, H): DETR's 800 / 1333 rule
+    # a JPEG draft-decoded at half size still maps [0, 1] onto the displayed 4000 x 3000 pixels
+    assert preprocess.box_scale((2000, 1500), (4000, 3000)) == (4000.0, 3000.0)

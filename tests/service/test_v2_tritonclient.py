@@ -17,13 +17,16 @@ import tritonclient.http as triton
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
+from service import postprocess
 from service.images import decode_image
 from service.manifest import load_manifest
-from service.postprocess import classify
 from service.preprocess import Preprocessor
 from tests.conftest import ROOT, server_process
 
 pytestmark = pytest.mark.slow
+# The detector's /v1 comparisons need POST /v1/models/{name}/detect (issue 4, DETR).
+HAS_DETECT = hasattr(postprocess, "detect")
+needs_detect = pytest.mark.skipif(not HAS_DETECT, reason="needs the /v1 detect route and postprocess.detect (issue 4)")
 CHELSEA = Path("/work/shared/images/skimage/chelsea.png")
 DIGIT_7 = ROOT / "examples" / "digit-7.png"
 
@@ -93,7 +96,7 @@ def test_classifier_infer_equals_v1_classify(server, model: str, image: Path, bi
     labels = load_manifest(repository / model / "1" / "model.json").labels
     v1 = httpx.post(f"{url}/v1/models/{model}/classify", files={"image": image.read_bytes()}, params={"top_k": 10})
     assert v1.status_code == 200, v1.text
-    ours = classify(logits[0], labels, 10)
+    ours = postprocess.classify(logits[0], labels, 10)
     assert [p["label"] for p in ours] == [p["label"] for p in v1.json()["predictions"]]
     np.testing.assert_allclose([p["score"] for p in ours], [p["score"] for p in v1.json()["predictions"]], atol=1e-6)
 
@@ -159,3 +162,81 @@ def test_classifier_top5_equals_the_transformers_pipeline(server, hf_repository:
     served = response.json()["predictions"]
     assert [p["label"] for p in served] == [p["label"] for p in expected]
     np.testing.assert_allclose([p["score"] for p in served], [p["score"] for p in expected], atol=1e-5)
+
+
+def detections_from(out: dict[str, np.ndarray], repository: Path, image: Path, threshold: float) -> list[dict]:
+    """Detections from v2's raw outputs, post-processed as /v1/detect does for the same image."""
+    manifest = load_manifest(repository / "tiny-detr" / "1" / "model.json")
+    preprocessor = Preprocessor(manifest.preprocessing)
+    with Image.open(image) as opened:
+        size = opened.size  # (width, height); a PNG is decoded at full size
+    return postprocess.detect(
+        out["pred_logits"][0],
+        out["pred_boxes"][0],
+        manifest.labels,
+        threshold=threshold,
+        max_detections=100,
+        box_scale=preprocessor.box_scale(size, size),
+        image_size=size,
+    )
+
+
+def assert_same_detections(got: list[dict], expected: list[dict], *, box_px: float, score: float) -> None:
+    """One-to-one: same count, and each detection matches one of ``expected`` (label, box, score)."""
+    assert len(got) == len(expected) > 0
+    unmatched = list(expected)
+    for detection in got:
+        corners = np.array([detection["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")])
+        distances = [
+            np.max(np.abs(corners - [e["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")])) for e in unmatched
+        ]
+        best = unmatched.pop(int(np.argmin(distances)))
+        assert min(distances) <= box_px, (detection, best)
+        assert detection["label"] == best["label"] and abs(detection["score"] - best["score"]) <= score, (
+            detection,
+            best,
+        )
+
+
+@needs_detect
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_detector_infer_equals_v1_detect(server, binary: bool) -> None:
+    url, client, repository = server
+    x = served_tensor(repository, "tiny-detr", CHELSEA)
+    out = triton_infer(client, "tiny-detr", x, ["pred_logits", "pred_boxes"], binary=binary)
+    v1 = httpx.post(f"{url}/v1/models/tiny-detr/detect", files={"image": CHELSEA.read_bytes()}, params={"threshold": 0})
+    assert v1.status_code == 200, v1.text
+    served = v1.json()["detections"]
+    assert len(served) == 12  # threshold 0: every query
+    assert_same_detections(detections_from(out, repository, CHELSEA, 0.0), served, box_px=1e-3, score=1e-6)
+
+
+@needs_detect
+@pytest.mark.parametrize("name", ["chelsea.png", "astronaut.png", "coffee.png"])
+def test_v1_detect_equals_detr_image_processor_and_post_processing(server, hf_repository: Path, name: str) -> None:
+    import torch
+    from transformers import AutoImageProcessor, DetrForObjectDetection
+
+    url, _, _ = server
+    path = CHELSEA.parent / name
+    folder = hf_repository / "checkpoints" / "tiny-detr"
+    processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
+    model = DetrForObjectDetection.from_pretrained(str(folder), local_files_only=True).eval()
+    image = Image.open(path).convert("RGB")
+    with torch.no_grad():
+        outputs = model(**processor(images=image, return_tensors="pt"))
+    (result,) = processor.post_process_object_detection(
+        outputs, threshold=0.0, target_sizes=[(image.height, image.width)]
+    )
+    expected = []
+    for label, score, box in zip(result["labels"], result["scores"], result["boxes"], strict=True):
+        # transformers leaves boxes unclipped; the server clips them to the image (DESIGN.md)
+        x0, y0, x1, y1 = np.clip(box.numpy().astype(np.float64), 0, [image.width, image.height] * 2)
+        box_dict = {"xmin": x0, "ymin": y0, "xmax": x1, "ymax": y1}
+        expected.append({"label": model.config.id2label[int(label)], "score": float(score), "box": box_dict})
+    response = httpx.post(
+        f"{url}/v1/models/tiny-detr/detect", files={"image": path.read_bytes()}, params={"threshold": 0}
+    )
+    assert response.status_code == 200, response.text
+    assert response.json()["image"] == {"width": image.width, "height": image.height}
+    assert_same_detections(response.json()["detections"], expected, box_px=0.5, score=1e-4)
