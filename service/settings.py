@@ -63,7 +63,7 @@ class Settings(BaseSettings):
         default_factory=list, description="Comma-separated bearer tokens; empty: no authentication.", repr=False
     )
     auth_public_paths: Annotated[list[str], NoDecode] = Field(
-        default_factory=lambda: ["/healthz", "/readyz", "/metrics"],
+        default_factory=lambda: ["/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"],
         description="Comma-separated paths served without an API key when api_keys is set (probes, scraping).",
     )
     cors_allow_origins: Annotated[list[str], NoDecode] = Field(

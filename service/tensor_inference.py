@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service.batching import InferenceResult
-from service.errors import BadRequest, ProblemError
+from service.errors import BadRequest, ProblemError, Unavailable
 from service.inference_protocol import ORT_DATATYPES, InferRequest, OutputTensor, RequestedOutput, datatype_of
 from service.repository import ModelVersion
 
@@ -134,11 +134,17 @@ async def infer_tensors(
     Raises:
         BadRequest: wrong input name, datatype or shape, unknown output, a classification
             asked of an output that is not (B, N) (400).
+        Unavailable: the batcher's queue has no room for all B rows (503, nothing is queued).
         Unavailable, DeadlineExceeded, InferenceFailed: from the batcher, for the first row
             that failed (the request fails whole, as the protocol has no partial results).
     """
     x = _checked_input(model, request, max_rows)
     requested = _requested(model, request)
+    if model.batcher.room < x.shape[0]:  # admitted whole or not at all, as /v1 requests are
+        raise Unavailable(
+            f"model {model.name}/{model.version}: the queue is full for this request (room for "
+            f"{max(model.batcher.room, 0)} row(s), it has {x.shape[0]}); retry shortly"
+        )
     for output in requested:
         if output.classification and model.manifest.task != "classification":
             raise BadRequest(f"output {output.name!r}: the classification extension needs a classification model")

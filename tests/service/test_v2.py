@@ -293,3 +293,17 @@ async def test_probes_pass_a_full_worker_and_a_late_body_is_a_protocol_408() -> 
     assert [r.status_code for r in probes] == [200, 200]
     assert held.status == 408 and held.headers["connection"] == "close"
     assert held.headers["content-type"] == "application/json" and "PATCHSERVE_BODY_TIMEOUT" in held.body["error"]
+
+
+async def test_a_batch_is_admitted_whole_or_refused_and_probes_need_no_key() -> None:
+    x = digit_tensor(DIGIT_7, DIGIT_7, DIGIT_7)
+    async with running_app(queue_size=2) as client:
+        refused = await client.post(INFER, json=json_request(x))
+        fits = await client.post(INFER, json=json_request(x[:2]))
+    assert_error(refused, 503, "room for 2 row(s), it has 3")
+    assert refused.headers["retry-after"] and fits.status_code == 200
+    async with running_app(api_keys=["k-1"]) as client:
+        probes = [(await client.get(p)).status_code for p in ("/v2/health/live", "/v2/health/ready")]
+        metadata = await client.get("/v2/models/vit-digits")
+        with_key = await client.get("/v2/models/vit-digits", headers={"Authorization": "Bearer k-1"})
+    assert probes == [200, 200] and metadata.status_code == 401 and with_key.status_code == 200

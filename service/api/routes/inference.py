@@ -65,7 +65,11 @@ async def _serve(
         outcomes = await unless_disconnected(
             request,
             infer_images(
-                model, payloads, pool=state.decode_pool, max_pixels=settings.max_image_pixels, deadline=deadline,
+                model,
+                payloads,
+                pool=state.decode_pool,
+                max_pixels=settings.max_image_pixels,
+                deadline=deadline,
                 decode_parallelism=state.decode_parallelism,
             ),
         )

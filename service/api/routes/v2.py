@@ -24,6 +24,16 @@ from service import metrics
 from service.api.deps import Repository, State, get_repository
 from service.api.lifetime import requested_timeout, unless_disconnected
 from service.api.uploads import read_body
+from service.api.v2_openapi import (
+    CONFIG_SCHEMA,
+    INFER_BODY,
+    INFER_RESPONSE_SCHEMA,
+    LIVE_SCHEMA,
+    MODEL_METADATA_SCHEMA,
+    READY_SCHEMA,
+    SERVER_METADATA_SCHEMA,
+    v2_responses,
+)
 from service.errors import BadRequest, ProblemError
 from service.inference_protocol import (
     HEADER_LENGTH,
@@ -43,6 +53,7 @@ EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
 PLATFORM = "onnxruntime_onnx"
 # The protocol's health probes: like /healthz and /readyz, admission never refuses them.
 PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+INFER_RESPONSES = v2_responses(INFER_RESPONSE_SCHEMA, 400, 404, 408, 413, 415, 500, 504, binary=True)
 
 
 class ProtocolRoute(APIRoute):
@@ -70,18 +81,24 @@ class ProtocolRoute(APIRoute):
 router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"], route_class=ProtocolRoute)
 
 
-@router.get("", summary="Server metadata: name, version, extensions")
+@router.get("", summary="Server metadata: name, version, extensions", responses=v2_responses(SERVER_METADATA_SCHEMA))
 async def server_metadata(request: Request) -> dict[str, Any]:
     return {"name": "patchserve", "version": request.app.version, "extensions": EXTENSIONS}
 
 
-@router.get("/health/live", summary="Server liveness: 200 while the process serves")
+@router.get(
+    "/health/live", summary="Server liveness: 200 while the process serves", responses=v2_responses(LIVE_SCHEMA)
+)
 @router.head("/health/live", include_in_schema=False)
 async def server_live() -> dict[str, bool]:
     return {"live": True}
 
 
-@router.get("/health/ready", summary="Server readiness: 200 once every model is ready, else 400 with the reason")
+@router.get(
+    "/health/ready",
+    summary="Server readiness: 200 once every model is ready, else 400 with the reason",
+    responses=v2_responses(READY_SCHEMA, 400),
+)
 @router.head("/health/ready", include_in_schema=False)
 async def server_ready(state: State) -> dict[str, bool]:
     reasons = state.not_ready_reasons()
@@ -101,12 +118,20 @@ def _metadata(model: ModelVersion, repository: Repository) -> dict[str, Any]:
     }
 
 
-@router.get("/models/{name}", summary="Model metadata: input and output tensors (-1: any size)")
+@router.get(
+    "/models/{name}",
+    summary="Model metadata: input and output tensors (-1: any size)",
+    responses=v2_responses(MODEL_METADATA_SCHEMA, 400, 404),
+)
 async def model_metadata(name: str, repository: Repository) -> dict[str, Any]:
     return _metadata(repository.get(name), repository)
 
 
-@router.get("/models/{name}/versions/{version}", summary="Model metadata of one version")
+@router.get(
+    "/models/{name}/versions/{version}",
+    summary="Model metadata of one version",
+    responses=v2_responses(MODEL_METADATA_SCHEMA, 400, 404),
+)
 async def model_version_metadata(name: str, version: str, repository: Repository) -> dict[str, Any]:
     return _metadata(repository.get(name, version), repository)
 
@@ -120,12 +145,20 @@ def _ready(state: State, name: str, version: str | None) -> dict[str, Any]:
     return {"name": model.name, "ready": True}
 
 
-@router.get("/models/{name}/ready", summary="Model readiness: 200 when ready, else 400 (404: no such model)")
+@router.get(
+    "/models/{name}/ready",
+    summary="Model readiness: 200 when ready, else 400 (404: no such model)",
+    responses=v2_responses(READY_SCHEMA, 400, 404),
+)
 async def model_ready(name: str, state: State) -> dict[str, Any]:
     return _ready(state, name, None)
 
 
-@router.get("/models/{name}/versions/{version}/ready", summary="Readiness of one model version")
+@router.get(
+    "/models/{name}/versions/{version}/ready",
+    summary="Readiness of one model version",
+    responses=v2_responses(READY_SCHEMA, 400, 404),
+)
 async def model_version_ready(name: str, version: str, state: State) -> dict[str, Any]:
     return _ready(state, name, version)
 
@@ -165,12 +198,20 @@ def _config(model: ModelVersion) -> dict[str, Any]:
     }
 
 
-@router.get("/models/{name}/config", summary="Triton model configuration (model_configuration extension)")
+@router.get(
+    "/models/{name}/config",
+    summary="Triton model configuration (model_configuration extension)",
+    responses=v2_responses(CONFIG_SCHEMA, 400, 404),
+)
 async def model_config(name: str, repository: Repository) -> dict[str, Any]:
     return _config(repository.get(name))
 
 
-@router.get("/models/{name}/versions/{version}/config", summary="Triton model configuration of one version")
+@router.get(
+    "/models/{name}/versions/{version}/config",
+    summary="Triton model configuration of one version",
+    responses=v2_responses(CONFIG_SCHEMA, 400, 404),
+)
 async def model_version_config(name: str, version: str, repository: Repository) -> dict[str, Any]:
     return _config(repository.get(name, version))
 
@@ -213,23 +254,11 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
     return Response(content, media_type=headers.pop("Content-Type"), headers=headers)
 
 
-_INFER_BODY = {
-    "requestBody": {
-        "required": True,
-        "description": "An $inference_request JSON object, optionally followed by binary tensor data "
-        "(then Inference-Header-Content-Length gives the JSON object's length).",
-        "content": {
-            "application/json": {"schema": {"type": "object", "required": ["inputs"]}},
-            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
-        },
-    }
-}
-
-
 @router.post(
     "/models/{name}/infer",
     summary="Inference on raw tensors (JSON or binary)",
-    openapi_extra=_INFER_BODY,
+    openapi_extra=INFER_BODY,
+    responses=INFER_RESPONSES,
     dependencies=[Depends(requested_timeout)],
 )
 async def infer(name: str, request: Request, state: State) -> Response:
@@ -239,7 +268,8 @@ async def infer(name: str, request: Request, state: State) -> Response:
 @router.post(
     "/models/{name}/versions/{version}/infer",
     summary="Inference on one model version",
-    openapi_extra=_INFER_BODY,
+    openapi_extra=INFER_BODY,
+    responses=INFER_RESPONSES,
     dependencies=[Depends(requested_timeout)],
 )
 async def infer_version(name: str, version: str, request: Request, state: State) -> Response:
