@@ -87,15 +87,20 @@ async def test_the_documented_example_works_and_responses_match_their_schemas() 
 def _schemathesis(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
     config.write_text(
-        '[parameters]\n"path.name" = "vit-digits"\n'  # reach past the 404 for unknown names
+        '[parameters]\n"path.name" = "vit-digits"\n"path.version" = "1"\n'  # reach past the 404 for unknown names
         # A 504 is the documented answer when a request's own deadline (?timeout= or
         # X-Request-Timeout, which schemathesis sets to values like 5e-324 s) passes before it is
         # computed; every other 5xx still fails the run.
         '[checks.not_a_server_error]\nexpected-statuses = ["2xx", "3xx", "4xx", "504"]\n'
+        # v2 infer takes a model's raw tensor: no schema can say which shapes and element counts a
+        # model takes, so most generated tensors are rightly 400s; every check still runs on them.
+        '[[operations]]\ninclude-path-regex = "^/v2/models/.*/infer$"\nwarnings = false\n'
     )
     seed = ["--seed", "1"] if os.environ.get("CI") == "true" else []
     command = [str(SCHEMATHESIS), "--config-file", str(config), "run", url + "/openapi.json", "--checks", CHECKS]
-    command += ["--max-examples", "60", "--workers", "2", *seed, *extra]
+    # One worker: with two, CPython 3.11's ast.parse, which hypothesis calls from both threads while
+    # it builds strategies, intermittently fails ("AST constructor recursion depth mismatch").
+    command += ["--max-examples", "60", "--workers", "1", *seed, *extra]
     return subprocess.run(command, cwd=tmp_path, capture_output=True, text=True, timeout=600)
 
 
