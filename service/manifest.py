@@ -68,6 +68,10 @@ class Preprocessing(_Strict):
       ``size={"shortest_edge": 800, "longest_edge": 1333}``; sides truncated to whole pixels
       as it does). Output (C, H, W) with H and W depending on the image: the graph takes any
       size, and no padding or mask is needed since only same-sized inputs share a batch.
+    * ``letterbox``: keep the aspect ratio: resize by ``min(size.width / W, size.height / H)``
+      so the image fits ``size``, place it at the top-left corner and fill the bottom and right
+      with ``pad_value`` (DETR pads bottom and right too). Output (C, size.height, size.width);
+      a detector's normalised boxes are relative to that padded frame.
 
     Then, with ``crop_size``, the centre ``crop_size`` region is kept (the Hugging Face
     ``do_center_crop`` step: offsets ``(H - crop.height) // 2``, ``(W - crop.width) // 2``).
@@ -77,8 +81,8 @@ class Preprocessing(_Strict):
     """
 
     color_mode: Literal["L", "RGB"]
-    resize: Literal["stretch", "shortest_edge"] = "stretch"
-    size: Size | None = Field(None, description="The output size of the stretch policy (required for it).")
+    resize: Literal["stretch", "letterbox", "shortest_edge"] = "stretch"
+    size: Size | None = Field(None, description="The output size of the stretch and letterbox policies (required for them).")
     interpolation: Literal["nearest", "bilinear", "bicubic", "box", "hamming", "lanczos"] = "bilinear"
     scale: float = Field(1 / 255, gt=0)
     mean: list[float]
@@ -89,6 +93,7 @@ class Preprocessing(_Strict):
     shortest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the shorter side, in pixels.")
     longest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the cap on the longer side.")
     crop_size: Size | None = Field(None, description="Centre crop after resizing (None: no crop).")
+    pad_value: int = Field(0, ge=0, le=255, description="letterbox: the pixel value (0-255) of the padding")
 
     @model_validator(mode="after")
     def _per_channel(self) -> Preprocessing:
@@ -101,9 +106,11 @@ class Preprocessing(_Strict):
 
     @model_validator(mode="after")
     def _resize_policy(self) -> Preprocessing:
-        if self.resize == "stretch":
+        if self.resize in ("stretch", "letterbox"):
             if self.size is None:
-                raise ValueError("the stretch policy needs size")
+                raise ValueError(f"the {self.resize} policy needs size")
+            if self.resize == "letterbox" and self.crop_size is not None:
+                raise ValueError("letterbox takes no crop_size")
             if self.crop_size and (self.crop_size.height > self.size.height or self.crop_size.width > self.size.width):
                 raise ValueError("crop_size must fit inside size")
         else:

@@ -91,18 +91,28 @@ class Preprocessor:
     def content_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels an image of ``width`` x ``height`` pixels fills (before any crop).
 
-        ``stretch`` fills ``size``; ``shortest_edge`` is :func:`keep_aspect_size`, the whole input.
+        ``stretch`` fills ``size``; ``letterbox`` scales by ``min(size.width / width,
+        size.height / height)`` and rounds, leaving padding at the bottom or right;
+        ``shortest_edge`` is :func:`keep_aspect_size`, the whole input.
         """
-        if self.size is not None:
+        if self.spec.resize == "stretch":
             return self.size
+        if self.spec.resize == "letterbox":
+            scale = min(self.size[0] / width, self.size[1] / height)
+            return (
+                max(1, min(self.size[0], round(width * scale))),
+                max(1, min(self.size[1], round(height * scale))),
+            )
         h, w = keep_aspect_size(height, width, self.spec.shortest_edge, self.spec.longest_edge)
         return (w, h)
 
     def box_scale(self, image_size: tuple[int, int], displayed_size: tuple[int, int]) -> tuple[float, float]:
         """Pixels of the displayed image per unit of normalised input coordinate, (sx, sy).
 
-        With ``stretch`` and ``shortest_edge`` the input frame is the whole image, so a
-        detector's box coordinate x in [0, 1] is ``x * displayed width`` pixels (y likewise).
+        A detector's box coordinate x in [0, 1] of the input frame is ``x * sx`` pixels of
+        the displayed image. With ``stretch`` and ``shortest_edge`` the input frame is the
+        whole image (sx = displayed width); with ``letterbox`` it also holds the padding, so
+        sx = displayed width * size.width / content width.
 
         Args:
             image_size: (width, height) of the image this preprocessor was given (a JPEG may
@@ -110,17 +120,23 @@ class Preprocessor:
             displayed_size: (width, height) of the full-resolution image as the client
                 displays it (after EXIF orientation), in pixels.
         """
-        # No padding in either policy: the input frame is the image, whatever size it was decoded at.
-        return (float(displayed_size[0]), float(displayed_size[1]))
+        if self.spec.resize != "letterbox":
+            # No padding: the input frame is the image, whatever size it was decoded at.
+            return (float(displayed_size[0]), float(displayed_size[1]))
+        content_w, content_h = self.content_size(*image_size)
+        return (
+            self.size[0] / content_w * displayed_size[0],
+            self.size[1] / content_h * displayed_size[1],
+        )
 
     def __call__(self, image: Image.Image) -> np.ndarray:
-        """Resize, crop and normalise ``image``.
+        """Resize (and pad, for ``letterbox``; crop, with ``crop_size``) and normalise ``image``.
 
         Args:
             image: Pillow image in ``spec.color_mode``.
 
         Returns:
-            float32 array (C, H, W): H, W = ``crop_size``, else ``size`` (stretch), else those
+            float32 array (C, H, W): H, W = ``crop_size``, else ``size`` (stretch, letterbox), else those
             of :meth:`content_size` (shortest_edge).
         """
         if image.mode != self.spec.color_mode:
@@ -134,6 +150,10 @@ class Preprocessor:
             image = image.crop((left, top, left + crop_w, top + crop_h))
         pixels = np.asarray(image, dtype=np.float32)
         if pixels.ndim == 2:
-            pixels = pixels[:, :, None]  # (H, W) -> (H, W, 1)
+            pixels = pixels[:, :, None]  # (h, w) -> (h, w, 1)
+        if self.spec.resize == "letterbox" and target != self.size:  # letterbox: pad the bottom and right
+            padded = np.full((self.size[1], self.size[0], pixels.shape[2]), self.spec.pad_value, dtype=np.float32)
+            padded[: target[1], : target[0]] = pixels
+            pixels = padded  # (H, W, C)
         normalised = pixels * self._gain - self._bias  # (H, W, C)
         return np.ascontiguousarray(normalised.transpose(2, 0, 1))  # (C, H, W)

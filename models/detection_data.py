@@ -1,0 +1,237 @@
+"""A synthetic detection set: scikit-learn digits pasted onto noisy canvases, in COCO format.
+
+Every canvas is generated from its own seed ``(seed, split, index)``, so any canvas of any split
+can be regenerated alone, bit for bit, without the others:
+
+* canvas: grayscale, width and height each drawn from 64-128 px, a background level (0-70)
+  with a linear gradient and Gaussian noise;
+* 1-5 digits, each an 8x8 scikit-learn digit enlarged (bilinear) to a square of 12-32 px,
+  blended in with a random brightness (150-255) at a random position; digits never overlap;
+* each box is tight around the digit's ink (the pixels where the enlarged digit's opacity is
+  >= 0.25), not around the pasted square: (xmin, ymin, xmax, ymax) in pixel edges;
+* the digits come from disjoint pools: ``test`` canvases only from the 360 held-out test digits
+  of :func:`models.datasets.load_digits_splits` (the ViT's test digits), ``val`` and ``train``
+  from a stratified split of the remaining 1,437.
+
+    python -m models.detection_data --out data/detr-digits
+
+writes ``<split>/<image id>.png`` and ``annotations/<split>.json`` (COCO instances format,
+category id = the digit) for the train, val and test splits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from PIL import Image
+
+DIGIT_CLASSES = [str(i) for i in range(10)]
+SPLIT_SIZES = {"train": 10_000, "val": 500, "test": 500}
+_SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
+SEED = 2020  # DETR's year
+GENERATOR_VERSION = 1  # bump when a change alters the canvases; cached splits are then regenerated
+
+CANVAS_SIZE = (64, 128)  # min, max side in pixels, inclusive
+DIGIT_SIZE = (12, 32)  # side of the pasted square, inclusive
+MAX_OBJECTS = 5
+INK_OPACITY = 0.25  # an enlarged digit's pixels at or above this opacity are ink
+PLACEMENT_TRIES = 50
+
+
+@dataclass(frozen=True)
+class Canvas:
+    """One generated image and its objects.
+
+    Attributes:
+        image: uint8 (H, W) grayscale pixels.
+        boxes: float32 (N, 4) boxes (xmin, ymin, xmax, ymax) in pixels, tight around the ink.
+        labels: int64 (N,) digit classes 0-9.
+    """
+
+    image: np.ndarray
+    boxes: np.ndarray
+    labels: np.ndarray
+
+
+@cache
+def digit_pools() -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The digits each split draws from: ``{split: (values float32 (N, 8, 8) in 0-16, labels (N,))}``.
+
+    ``test``: the 360 held-out digits of the 80/20 split (random_state 0); ``train`` and
+    ``val``: the other 1,437 split 80/20 again, stratified (random_state 0): 1,149 and 288.
+    """
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x_rest, x_test, y_rest, y_test = train_test_split(
+        digits.images, digits.target, test_size=0.2, stratify=digits.target, random_state=0
+    )
+    x_train, x_val, y_train, y_val = train_test_split(x_rest, y_rest, test_size=0.2, stratify=y_rest, random_state=0)
+    return {
+        split: (x.astype(np.float32), y.astype(np.int64))
+        for split, x, y in (("train", x_train, y_train), ("val", x_val, y_val), ("test", x_test, y_test))
+    }
+
+
+def _opacity(values: np.ndarray, side: int) -> np.ndarray:
+    """An 8x8 digit (0-16) enlarged bilinearly to float32 opacity (side, side) in [0, 1]."""
+    image = Image.fromarray((values / 16.0).astype(np.float32))  # float32 (8, 8): mode "F"
+    enlarged = image.resize((side, side), Image.Resampling.BILINEAR)
+    return np.clip(np.asarray(enlarged, dtype=np.float32), 0.0, 1.0)
+
+
+def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """float32 (H, W): a level, a linear gradient in a random direction, Gaussian noise."""
+    level = rng.uniform(0, 70)
+    angle = rng.uniform(0, 2 * np.pi)
+    ys, xs = np.mgrid[0:height, 0:width].astype(np.float32)
+    ramp = (np.cos(angle) * xs / width + np.sin(angle) * ys / height) * rng.uniform(0, 40)
+    return level + ramp + rng.normal(0, rng.uniform(3, 15), size=(height, width))
+
+
+def make_canvas(split: str, index: int, seed: int = SEED) -> Canvas:
+    """Generate canvas ``index`` of ``split``, deterministically from ``(seed, split, index)``."""
+    rng = np.random.default_rng((seed, _SPLIT_IDS[split], index))
+    pool_values, pool_labels = digit_pools()[split]
+    height, width = (int(v) for v in rng.integers(CANVAS_SIZE[0], CANVAS_SIZE[1] + 1, size=2))
+    canvas = _background(rng, height, width)
+    boxes: list[tuple[int, int, int, int]] = []
+    labels: list[int] = []
+    for _ in range(int(rng.integers(1, MAX_OBJECTS + 1))):
+        for _ in range(PLACEMENT_TRIES):
+            side = int(rng.integers(DIGIT_SIZE[0], DIGIT_SIZE[1] + 1))
+            x0, y0 = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
+            digit = int(rng.integers(len(pool_labels)))
+            alpha = _opacity(pool_values[digit], side)  # (side, side)
+            rows, cols = np.nonzero(alpha >= INK_OPACITY)
+            box = (x0 + int(cols.min()), y0 + int(rows.min()), x0 + int(cols.max()) + 1, y0 + int(rows.max()) + 1)
+            # Keep a 2 px gap from every other digit's ink box, so no box holds another's ink.
+            if all(box[0] >= b[2] + 2 or b[0] >= box[2] + 2 or box[1] >= b[3] + 2 or b[1] >= box[3] + 2 for b in boxes):
+                break
+        else:
+            continue  # no room left for this digit
+        brightness = rng.uniform(150, 255)
+        window = canvas[y0 : y0 + side, x0 : x0 + side]
+        canvas[y0 : y0 + side, x0 : x0 + side] = window * (1 - alpha) + brightness * alpha
+        boxes.append(box)
+        labels.append(int(pool_labels[digit]))
+    image = np.clip(np.rint(canvas), 0, 255).astype(np.uint8)
+    return Canvas(image, np.asarray(boxes, dtype=np.float32).reshape(-1, 4), np.asarray(labels, dtype=np.int64))
+
+
+def make_split(split: str, count: int | None = None, seed: int = SEED) -> list[Canvas]:
+    """The first ``count`` canvases (default: all ``SPLIT_SIZES[split]``) of ``split``."""
+    return [make_canvas(split, i, seed) for i in range(SPLIT_SIZES[split] if count is None else count)]
+
+
+def coco_categories() -> list[dict[str, Any]]:
+    """COCO categories: id = the digit, name = its string."""
+    return [{"id": i, "name": name, "supercategory": "digit"} for i, name in enumerate(DIGIT_CLASSES)]
+
+
+def to_coco(canvases: list[Canvas], file_names: list[str] | None = None) -> dict[str, Any]:
+    """COCO instances annotations for ``canvases``; image ``i`` gets id ``i + 1`` (ids start at 1).
+
+    Boxes are COCO's [x, y, width, height] in pixels; ``area`` is the box area.
+    """
+    images, annotations = [], []
+    for i, canvas in enumerate(canvases):
+        height, width = canvas.image.shape
+        name = file_names[i] if file_names else f"{i + 1:05d}.png"
+        images.append({"id": i + 1, "file_name": name, "width": width, "height": height})
+        for box, label in zip(canvas.boxes.tolist(), canvas.labels.tolist(), strict=True):
+            w, h = box[2] - box[0], box[3] - box[1]
+            annotations.append(
+                {
+                    "id": len(annotations) + 1,
+                    "image_id": i + 1,
+                    "category_id": int(label),
+                    "bbox": [box[0], box[1], w, h],
+                    "area": w * h,
+                    "iscrowd": 0,
+                }
+            )
+    return {"images": images, "annotations": annotations, "categories": coco_categories()}
+
+
+def write_split(canvases: list[Canvas], out: Path, split: str, info: dict[str, Any] | None = None) -> Path:
+    """Write ``<out>/<split>/<id>.png`` and ``<out>/annotations/<split>.json``; returns the JSON path."""
+    (out / split).mkdir(parents=True, exist_ok=True)
+    names = [f"{i + 1:05d}.png" for i in range(len(canvases))]
+    for canvas, name in zip(canvases, names, strict=True):
+        Image.fromarray(canvas.image).save(out / split / name)  # uint8 (H, W): mode "L"
+    path = out / "annotations" / f"{split}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"info": info or {}, **to_coco(canvases, names)}))
+    return path
+
+
+def _fingerprint(split: str, count: int, seed: int) -> dict[str, Any]:
+    return {
+        "generator": "models.detection_data",
+        "version": GENERATOR_VERSION,
+        "split": split,
+        "count": count,
+        "seed": seed,
+    }
+
+
+def read_split(root: Path, split: str) -> tuple[list[Canvas], dict[str, Any]]:
+    """Read a split written by :func:`write_split`: the canvases and the COCO dict."""
+    coco = json.loads((root / "annotations" / f"{split}.json").read_text())
+    by_image: dict[int, list[dict[str, Any]]] = {image["id"]: [] for image in coco["images"]}
+    for annotation in coco["annotations"]:
+        by_image[annotation["image_id"]].append(annotation)
+    canvases = []
+    for image in coco["images"]:
+        with Image.open(root / split / image["file_name"]) as file:
+            pixels = np.asarray(file.convert("L"))
+        objects = by_image[image["id"]]
+        boxes = np.asarray([[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in objects)], dtype=np.float32)
+        labels = np.asarray([a["category_id"] for a in objects], dtype=np.int64)
+        canvases.append(Canvas(pixels, boxes.reshape(-1, 4), labels))
+    return canvases, coco
+
+
+def load_split(split: str, root: Path | None = None, count: int | None = None, seed: int = SEED) -> list[Canvas]:
+    """A split's canvases, read from ``root`` when it holds this exact split, else generated.
+
+    With ``root``, a freshly generated split is also written there (so the next call reads
+    it); a split written by another version of this generator or seed is regenerated.
+    """
+    count = SPLIT_SIZES[split] if count is None else count
+    fingerprint = _fingerprint(split, count, seed)
+    path = root / "annotations" / f"{split}.json" if root else None
+    if path is not None and path.exists():
+        try:
+            canvases, coco = read_split(root, split)
+        except (OSError, ValueError, KeyError):  # a partly written or damaged cache: regenerate
+            coco = {}
+        if coco.get("info") == fingerprint:
+            return canvases
+    canvases = make_split(split, count, seed)
+    if root is not None:
+        write_split(canvases, root, split, info=fingerprint)
+    return canvases
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, default=Path("data/detr-digits"))
+    parser.add_argument("--seed", type=int, default=SEED)
+    args = parser.parse_args(argv)
+    for split, count in SPLIT_SIZES.items():
+        canvases = load_split(split, args.out, count, args.seed)
+        objects = sum(len(c.labels) for c in canvases)
+        print(f"{split}: {count} canvases, {objects} objects -> {args.out / 'annotations' / f'{split}.json'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""DETR: DEtection TRansformer (Carion et al., "End-to-End Object Detection with Transformers", ECCV 2020).
+
+A CNN backbone's feature map is projected to width d by a 1x1 convolution, flattened, and
+encoded by a transformer with a 2-D sine position encoding added in every attention layer;
+N learned object queries are decoded in parallel against it; each decoded query goes through
+a linear class head (num_classes + 1 outputs, the last being "no object") and a 3-layer MLP
+box head whose sigmoid gives a (cx, cy, w, h) box normalised to the input. Trained with the
+Hungarian set loss (:mod:`models.matcher`, :mod:`models.losses`), so inference needs no
+anchors and no non-maximum suppression.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any, Literal
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from models.backbone import build_backbone
+from models.position_encoding import build_position_encoding
+from models.transformer import Transformer
+
+
+@dataclass(frozen=True)
+class DETRConfig:
+    """Hyper-parameters of a DETR (the paper's names in brackets).
+
+    Attributes:
+        num_classes: object classes, without "no object"; the class head has one more output.
+        num_queries: object queries N, the most objects one image can get [N].
+        hidden_size: transformer width d.
+        num_heads: attention heads.
+        num_encoder_layers, num_decoder_layers: depths.
+        ffn_size: feed-forward width.
+        dropout: transformer dropout (0 at inference).
+        normalize_before: pre-norm transformer layers (False: the paper's post-norm).
+        backbone: "resnet50" or "conv" (:mod:`models.backbone`).
+        backbone_channels, backbone_strides: the "conv" backbone's layers.
+        in_channels: 1 (grayscale) or 3 (RGB).
+        image_size: (height, width) the model is trained and exported at, in pixels.
+        aux_loss: return every decoder layer's predictions for the auxiliary losses.
+    """
+
+    num_classes: int = 91
+    num_queries: int = 100
+    hidden_size: int = 256
+    num_heads: int = 8
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    ffn_size: int = 2048
+    dropout: float = 0.1
+    normalize_before: bool = False
+    backbone: Literal["resnet50", "conv"] = "resnet50"
+    backbone_channels: tuple[int, ...] = ()
+    backbone_strides: tuple[int, ...] = ()
+    in_channels: int = 3
+    image_size: tuple[int, int] = (800, 800)
+    aux_loss: bool = True
+
+
+CONFIGS: dict[str, DETRConfig] = {
+    # The small pre-norm DETR trained here on the synthetic digits: six 3x3 convolutions down
+    # to an 8x8 map of a 128x128 input, d = 128, 3 + 3 layers, 25 queries.
+    "digits-small": DETRConfig(
+        num_classes=10,
+        num_queries=25,
+        hidden_size=128,
+        num_heads=8,
+        num_encoder_layers=3,
+        num_decoder_layers=3,
+        ffn_size=512,
+        dropout=0.0,
+        normalize_before=True,
+        backbone="conv",
+        backbone_channels=(32, 64, 64, 128, 128, 128),
+        backbone_strides=(2, 2, 1, 2, 1, 2),
+        in_channels=1,
+        image_size=(128, 128),
+    ),
+    # The paper's DETR-R50 (Table 1): ResNet-50, d = 256, 6 + 6 layers, 8 heads, FFN 2048,
+    # 100 queries, COCO's 91 category ids; 41.3M parameters in the paper.
+    "detr-r50": DETRConfig(),
+}
+
+
+class MLP(nn.Module):
+    """``num_layers`` linear layers with ReLU between them (DETR's box head: 3 layers)."""
+
+    def __init__(self, input_dim: int, hidden_dim: int, output_dim: int, num_layers: int) -> None:
+        super().__init__()
+        dims = [input_dim] + [hidden_dim] * (num_layers - 1)
+        self.layers = nn.ModuleList(nn.Linear(n, k) for n, k in zip(dims, [*dims[1:], output_dim], strict=True))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for i, layer in enumerate(self.layers):
+            x = F.relu(layer(x)) if i < len(self.layers) - 1 else layer(x)
+        return x
+
+
+class DETR(nn.Module):
+    """Backbone + transformer + prediction heads.
+
+    ``forward(images)`` takes float32 (B, C, H, W) and returns a dict:
+
+    * ``pred_logits``: (B, num_queries, num_classes + 1) raw class scores, the last column
+      "no object";
+    * ``pred_boxes``: (B, num_queries, 4) boxes (cx, cy, w, h) in [0, 1], relative to the
+      input's width and height;
+    * ``aux_outputs`` (only with ``aux_loss``): the same two for every decoder layer but the
+      last, a list of dicts, for the auxiliary losses.
+    """
+
+    def __init__(self, config: DETRConfig) -> None:
+        super().__init__()
+        self.config = config
+        d = config.hidden_size
+        self.backbone = build_backbone(
+            config.backbone, config.in_channels, config.backbone_channels, config.backbone_strides
+        )
+        self.position_encoding = build_position_encoding(d)
+        self.input_proj = nn.Conv2d(self.backbone.num_channels, d, kernel_size=1)
+        self.transformer = Transformer(
+            hidden_size=d,
+            num_heads=config.num_heads,
+            num_encoder_layers=config.num_encoder_layers,
+            num_decoder_layers=config.num_decoder_layers,
+            ffn_size=config.ffn_size,
+            dropout=config.dropout,
+            normalize_before=config.normalize_before,
+        )
+        self.query_embed = nn.Embedding(config.num_queries, d)
+        self.class_embed = nn.Linear(d, config.num_classes + 1)
+        self.bbox_embed = MLP(d, d, 4, 3)
+
+    def forward(self, images: torch.Tensor) -> dict[str, Any]:
+        features = self.backbone(images)  # (B, C_backbone, H', W')
+        src = self.input_proj(features)  # (B, d, H', W')
+        pos = self.position_encoding(src).to(src.dtype)  # (B, d, H', W')
+        hs = self.transformer(src, self.query_embed.weight, pos)  # (L, B, N, d)
+        logits = self.class_embed(hs)  # (L, B, N, num_classes + 1)
+        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N, 4) normalised cxcywh
+        out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
+        if self.config.aux_loss:
+            out["aux_outputs"] = [
+                {"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)
+            ]
+        return out
+
+
+class DETRForExport(nn.Module):
+    """The graph the server runs: images (B, C, H, W) -> (pred_logits, pred_boxes), no auxiliary outputs."""
+
+    def __init__(self, model: DETR) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(images)
+        return out["pred_logits"], out["pred_boxes"]
+
+
+def count_parameters(model: nn.Module) -> int:
+    """Trainable parameters (frozen batch-norm statistics are buffers, not counted)."""
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def config_dict(config: DETRConfig) -> dict[str, Any]:
+    """The config as plain JSON-able values (for checkpoints)."""
+    return asdict(config)
+
+
+def config_from_dict(values: dict[str, Any]) -> DETRConfig:
+    """Inverse of :func:`config_dict` (lists back to tuples)."""
+    return DETRConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def build(name: str, **overrides: Any) -> DETR:
+    """A DETR from a named config (``CONFIGS``) with fields overridden, e.g. ``num_classes=10``.
+
+    Raises:
+        ValueError: an unknown config name.
+    """
+    if name not in CONFIGS:
+        raise ValueError(f"unknown DETR config {name!r}; known: {sorted(CONFIGS)}")
+    return DETR(replace(CONFIGS[name], **overrides))

@@ -1,0 +1,71 @@
+"""The 2-D sine position encoding of DETR (Carion et al., 2020, Sec. 3.2 and appendix A.3).
+
+A generalisation of the Transformer's 1-D sine encoding to images: half the channels encode the
+row, half the column, each as interleaved sin/cos of the position at ``num_pos_feats``
+geometrically spaced frequencies. With ``normalize`` the positions are scaled to (0, 2 pi]
+first, so the encoding of a feature map does not depend on its size in pixels.
+
+DETR computes the positions from a padding mask (a cumulative sum over valid pixels). Every
+input here has the same size and no batch padding, so the mask is all valid and the cumulative
+sum is simply 1, 2, ..., H (and W); this module computes exactly that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+class PositionEmbeddingSine(nn.Module):
+    """Sine position encoding of a feature map, as DETR's ``PositionEmbeddingSine``.
+
+    Args:
+        num_pos_feats: channels per axis; the encoding has ``2 * num_pos_feats`` channels
+            (the transformer width d, so ``num_pos_feats = d / 2``).
+        temperature: the longest wavelength's base (10000, as in "Attention is all you need").
+        normalize: scale positions to (0, ``scale``] by the map's height and width.
+        scale: the normalised range (2 pi).
+    """
+
+    def __init__(
+        self, num_pos_feats: int = 64, temperature: float = 10000.0, normalize: bool = True, scale: float = 2 * math.pi
+    ) -> None:
+        super().__init__()
+        self.num_pos_feats = num_pos_feats
+        self.temperature = temperature
+        self.normalize = normalize
+        self.scale = scale
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        """Args: features (B, C, H, W), only its shape is used. Returns float32 (B, 2 * num_pos_feats, H, W).
+
+        Channels ``[0, num_pos_feats)`` encode the row (y), the rest the column (x), each as
+        (sin f0, cos f0, sin f1, cos f1, ...).
+        """
+        batch, _, height, width = features.shape
+        device = features.device
+        y_embed = torch.arange(1, height + 1, dtype=torch.float32, device=device)[:, None].expand(height, width)
+        x_embed = torch.arange(1, width + 1, dtype=torch.float32, device=device)[None, :].expand(height, width)
+        if self.normalize:
+            eps = 1e-6
+            y_embed = y_embed / (height + eps) * self.scale  # the last row is at ~2 pi
+            x_embed = x_embed / (width + eps) * self.scale
+
+        dim_t = torch.arange(self.num_pos_feats, dtype=torch.float32, device=device)
+        dim_t = self.temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / self.num_pos_feats)
+
+        pos_x = x_embed[:, :, None] / dim_t  # (H, W, num_pos_feats)
+        pos_y = y_embed[:, :, None] / dim_t
+        pos_x = torch.stack((pos_x[:, :, 0::2].sin(), pos_x[:, :, 1::2].cos()), dim=3).flatten(2)
+        pos_y = torch.stack((pos_y[:, :, 0::2].sin(), pos_y[:, :, 1::2].cos()), dim=3).flatten(2)
+        pos = torch.cat((pos_y, pos_x), dim=2).permute(2, 0, 1)  # (2 * num_pos_feats, H, W)
+        return pos.unsqueeze(0).expand(batch, -1, -1, -1)
+
+
+def build_position_encoding(hidden_size: int) -> PositionEmbeddingSine:
+    """DETR's default: sine, normalised, ``hidden_size / 2`` channels per axis."""
+    if hidden_size % 2:
+        raise ValueError(f"hidden_size {hidden_size} must be even for a 2-D sine encoding")
+    return PositionEmbeddingSine(hidden_size // 2, normalize=True)
