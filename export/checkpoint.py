@@ -22,7 +22,7 @@ def _test_split(dataset: str):
 
 
 def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int) -> Manifest:
-    """Export a classifier checkpoint and write its manifest.
+    """Export a classifier checkpoint and write its manifest (a DETR checkpoint goes to :mod:`export.detr`).
 
     Parity is measured on real test images at batch sizes 1 and 7; the test accuracy is
     measured on the whole test split through ONNX Runtime with the server's preprocessing.
@@ -32,6 +32,10 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int) -> Manife
         ValueError: an architecture or dataset this exporter does not know.
     """
     checkpoint = torch.load(checkpoint_path, map_location="cpu", weights_only=False)
+    if checkpoint["architecture"] == "detr":
+        from export.detr import export_detr
+
+        return export_detr(checkpoint, out, opset=opset)
     if checkpoint["architecture"] != "vit":
         raise ValueError(f"unknown architecture {checkpoint['architecture']!r}")
     model = ViT(ViTConfig(**checkpoint["config"]))

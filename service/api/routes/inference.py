@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service import metrics, postprocess
+from service import metrics, postprocess, render
 from service.api.deps import Repository, State
 from service.api.lifetime import requested_timeout, unless_disconnected
 from service.api.openapi import CLASSIFICATION_SCHEMA, image_responses
@@ -23,6 +24,8 @@ router = APIRouter(prefix="/v1/models", tags=["inference"], dependencies=[Depend
 
 Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^[0-9]{1,9}$")]
 Render = Callable[[ModelVersion], Callable[[ImageOutcome], dict[str, Any]]]
+# Builds a response other than JSON from the body and the outcomes (e.g. a PNG); may raise ProblemError.
+Encode = Callable[[dict[str, Any], list[ImageOutcome]], Awaitable[Response]]
 
 
 def _require_task(model: ModelVersion, task: str) -> None:
@@ -41,11 +44,14 @@ async def _serve(
     version: str | None,
     task: str,
     render: Render,
+    encode: Encode | None = None,
 ) -> Response:
     """Look the model up, read the images, run them, render the body; count the outcome.
 
     The request's deadline is set on arrival; once its body is read, a client that disconnects
     cancels the work (its queued images are dropped) and is counted as ``cancelled``.
+
+    ``encode``, when given, turns the rendered body into the response instead of JSON.
     """
     started = time.perf_counter()
     labels = (metrics.UNKNOWN_MODEL, "")
@@ -75,6 +81,7 @@ async def _serve(
         )
         request.state.batch_sizes = [o.result.batch_size for o in outcomes if o.result is not None]
         body = response_body(model, outcomes, render(model), instance=request_id(request))
+        response = await encode(body, outcomes) if encode is not None else JSON(body)
     except ProblemError as exc:
         metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
         raise
@@ -82,7 +89,8 @@ async def _serve(
         metrics.observe_request(*labels, "error", time.perf_counter() - started)
         raise
     metrics.observe_request(*labels, "success", time.perf_counter() - started)
-    return JSON(body, headers={"Server-Timing": server_timing(outcomes)})
+    response.headers["Server-Timing"] = server_timing(outcomes)
+    return response
 
 
 @router.post(
@@ -105,3 +113,69 @@ async def classify(
         return lambda outcome: {"predictions": postprocess.classify(outcome.result.outputs[logits_name], labels, top_k)}
 
     return await _serve(request, state, repository, name, version, "classification", render)
+
+
+def _wants_png(request: Request, render_as: str | None) -> bool:
+    """``?render=png``, or no ``render`` and an ``Accept`` header whose first choice is image/png."""
+    if render_as is not None:
+        return render_as == "png"
+    first = request.headers.get("accept", "").split(",", 1)[0].split(";", 1)[0].strip().lower()
+    return first == "image/png"
+
+
+@router.post(
+    "/{name}/detect",
+    summary="Detect objects in one or more images",
+    openapi_extra=OPENAPI_IMAGE_BODY,
+    response_class=JSON,
+    responses={200: {"content": {"image/png": {}}, "description": "JSON detections, or the drawn image (PNG)"}},
+)
+async def detect(
+    name: str,
+    request: Request,
+    repository: Repository,
+    state: State,
+    threshold: Annotated[float, Query(ge=0, le=1, description="Lowest score returned")] = 0.5,
+    max_detections: Annotated[
+        int, Query(ge=1, description="Most detections returned, best first; clamped to the number of queries")
+    ] = 100,
+    render_as: Annotated[
+        Literal["json", "png"] | None,
+        Query(alias="render", description="png: the image with its detections drawn (one image only)"),
+    ] = None,
+    version: Version = None,
+) -> Response:
+    def fields(model: ModelVersion) -> Callable[[ImageOutcome], dict[str, Any]]:
+        logits_name, boxes_name = model.manifest.outputs[:2]
+        labels, preprocessor = model.manifest.labels, model.preprocessor
+
+        def one(outcome: ImageOutcome) -> dict[str, Any]:
+            decoded = outcome.image
+            displayed = (decoded.width, decoded.height)
+            detections = postprocess.detect(
+                outcome.result.outputs[logits_name],
+                outcome.result.outputs[boxes_name],
+                labels,
+                threshold=threshold,
+                max_detections=max_detections,
+                box_scale=preprocessor.box_scale(decoded.image.size, displayed),
+                image_size=displayed,
+            )
+            return {"detections": detections}
+
+        return one
+
+    async def png(body: dict[str, Any], outcomes: list[ImageOutcome]) -> Response:
+        if len(outcomes) != 1:
+            raise BadRequest(f"render=png draws one image; this request has {len(outcomes)}. Send one, or ask for JSON")
+        decoded = outcomes[0].image
+        drawn = await asyncio.get_running_loop().run_in_executor(
+            state.decode_pool,
+            lambda: render.png_bytes(
+                render.draw_detections(decoded.image, body["detections"], (decoded.width, decoded.height))
+            ),
+        )
+        return Response(drawn, media_type="image/png")
+
+    encode = png if _wants_png(request, render_as) else None
+    return await _serve(request, state, repository, name, version, "detection", fields, encode)
