@@ -16,7 +16,8 @@ can be regenerated alone, bit for bit, without the others:
     python -m models.detection_data --out data/detr-digits
 
 writes ``<split>/<image id>.png`` and ``annotations/<split>.json`` (COCO instances format,
-category id = the digit) for the train, val and test splits.
+category id = the digit) for the train, val and test splits;
+``python -m models.detection_data --example examples/canvas.png`` writes the README's example.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ DIGIT_CLASSES = [str(i) for i in range(10)]
 SPLIT_SIZES = {"train": 10_000, "val": 500, "test": 500}
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 SEED = 2020  # DETR's year
+EXAMPLE_INDEX, EXAMPLE_SCALE = 4, 3  # examples/canvas.png: test canvas 4 (five digits), enlarged 3x
 GENERATOR_VERSION = 1  # bump when a change alters the canvases; cached splits are then regenerated
 
 CANVAS_SIZE = (64, 128)  # min, max side in pixels, inclusive
@@ -87,6 +89,16 @@ def _opacity(values: np.ndarray, side: int) -> np.ndarray:
     return np.clip(np.asarray(enlarged, dtype=np.float32), 0.0, 1.0)
 
 
+def ink_box(alpha: np.ndarray) -> tuple[int, int, int, int]:
+    """The box (xmin, ymin, xmax, ymax), in pixel edges, around the pixels of opacity >= ``INK_OPACITY``.
+
+    Args:
+        alpha: float (h, w) opacity in [0, 1] with at least one ink pixel.
+    """
+    rows, cols = np.nonzero(alpha >= INK_OPACITY)
+    return int(cols.min()), int(rows.min()), int(cols.max()) + 1, int(rows.max()) + 1
+
+
 def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
     """float32 (H, W): a level, a linear gradient in a random direction, Gaussian noise."""
     level = rng.uniform(0, 70)
@@ -110,8 +122,8 @@ def make_canvas(split: str, index: int, seed: int = SEED) -> Canvas:
             x0, y0 = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
             digit = int(rng.integers(len(pool_labels)))
             alpha = _opacity(pool_values[digit], side)  # (side, side)
-            rows, cols = np.nonzero(alpha >= INK_OPACITY)
-            box = (x0 + int(cols.min()), y0 + int(rows.min()), x0 + int(cols.max()) + 1, y0 + int(rows.max()) + 1)
+            left, top, right, bottom = ink_box(alpha)
+            box = (x0 + left, y0 + top, x0 + right, y0 + bottom)
             # Keep a 2 px gap from every other digit's ink box, so no box holds another's ink.
             if all(box[0] >= b[2] + 2 or b[0] >= box[2] + 2 or box[1] >= b[3] + 2 or b[1] >= box[3] + 2 for b in boxes):
                 break
@@ -222,11 +234,26 @@ def load_split(split: str, root: Path | None = None, count: int | None = None, s
     return canvases
 
 
+def example_canvas(index: int = EXAMPLE_INDEX, scale: int = EXAMPLE_SCALE) -> Canvas:
+    """Test canvas ``index`` enlarged ``scale`` times (nearest neighbour), boxes scaled alike (the README's example)."""
+    canvas = make_canvas("test", index)
+    height, width = canvas.image.shape
+    image = Image.fromarray(canvas.image).resize((width * scale, height * scale), Image.Resampling.NEAREST)
+    return Canvas(np.asarray(image), canvas.boxes * scale, canvas.labels)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("data/detr-digits"))
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--example", type=Path, default=None, help="only write the README's example canvas here")
     args = parser.parse_args(argv)
+    if args.example is not None:
+        example = example_canvas()
+        Image.fromarray(example.image).save(args.example)
+        for box, label in zip(example.boxes.tolist(), example.labels.tolist(), strict=True):
+            print(f"{label}: xmin {box[0]:g}, ymin {box[1]:g}, xmax {box[2]:g}, ymax {box[3]:g}")
+        return
     for split, count in SPLIT_SIZES.items():
         canvases = load_split(split, args.out, count, args.seed)
         objects = sum(len(c.labels) for c in canvases)

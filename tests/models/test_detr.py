@@ -1,0 +1,92 @@
+"""DETR: the tensor contract, the position encoding, the backbones, DETR-R50's size."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from models.backbone import ConvBackbone, FrozenBatchNorm2d, ResNet50
+from models.detr import CONFIGS, DETRForExport, build, config_dict, config_from_dict, count_parameters
+from models.position_encoding import PositionEmbeddingSine
+
+
+def test_small_detr_output_contract() -> None:
+    torch.manual_seed(0)
+    model = build("digits-small").eval()
+    config = model.config
+    with torch.no_grad():
+        out = model(torch.randn(3, 1, 128, 128))
+    assert out["pred_logits"].shape == (3, config.num_queries, config.num_classes + 1) == (3, 25, 11)
+    assert out["pred_boxes"].shape == (3, 25, 4)
+    assert out["pred_boxes"].min() >= 0 and out["pred_boxes"].max() <= 1  # sigmoid, normalised cxcywh
+    assert len(out["aux_outputs"]) == config.num_decoder_layers - 1
+    assert all(a["pred_logits"].shape == (3, 25, 11) for a in out["aux_outputs"])
+    logits, boxes = DETRForExport(model)(torch.randn(2, 1, 128, 128))
+    assert logits.shape == (2, 25, 11) and boxes.shape == (2, 25, 4)
+
+
+def test_a_batch_gives_each_image_what_it_gets_alone() -> None:
+    torch.manual_seed(0)
+    model = build("digits-small").eval()
+    images = torch.randn(4, 1, 128, 128)
+    with torch.no_grad():
+        together = model(images)["pred_boxes"]
+        alone = torch.cat([model(images[i : i + 1])["pred_boxes"] for i in range(4)])
+    torch.testing.assert_close(together, alone, atol=1e-5, rtol=0)
+
+
+def test_small_backbone_reaches_an_8x8_map() -> None:
+    config = CONFIGS["digits-small"]
+    backbone = ConvBackbone(1, config.backbone_channels, config.backbone_strides)
+    assert len(config.backbone_channels) == 6 and backbone.stride == 16
+    assert backbone(torch.randn(1, 1, 128, 128)).shape == (1, 128, 8, 8)
+
+
+def test_resnet50_gives_c5_at_stride_32_with_frozen_norms() -> None:
+    resnet = ResNet50().eval()
+    with torch.no_grad():
+        assert resnet(torch.randn(1, 3, 64, 96)).shape == (1, 2048, 2, 3)
+    assert sum(isinstance(m, FrozenBatchNorm2d) for m in resnet.modules()) == 53  # 1 stem + 16 blocks x 3 + 4 shortcuts
+    assert not any(isinstance(m, torch.nn.BatchNorm2d) for m in resnet.modules())
+    # torchvision's names, so its weights load by name.
+    names = set(resnet.state_dict())
+    assert {"conv1.weight", "bn1.running_mean", "layer1.0.downsample.0.weight", "layer4.2.conv3.weight"} <= names
+
+
+def test_detr_r50_parameter_count() -> None:
+    model = build("detr-r50")
+    total = count_parameters(model)
+    assert total == 41_524_768
+    # DETR trains ResNet-50 without its stem and first stage (frozen, as in its backbone.py);
+    # the trainable count is the paper's "41.3M".
+    frozen = sum(p.numel() for n, p in model.backbone.named_parameters() if n.startswith(("conv1", "layer1")))
+    assert round((total - frozen) / 1e6, 1) == 41.3
+    assert count_parameters(model.backbone) == 23_454_912  # ResNet-50 without fc and batch-norm affines
+
+
+def test_sine_position_encoding_by_hand() -> None:
+    pos = PositionEmbeddingSine(num_pos_feats=4, normalize=True)(torch.zeros(2, 7, 2, 4))
+    assert pos.shape == (2, 8, 2, 4)
+    # Channel 0: sin of the row's normalised position at the lowest frequency (dim_t = 1).
+    row, col = 1, 2  # 0-based; DETR counts positions from 1
+    y = (row + 1) / (2 + 1e-6) * 2 * math.pi
+    x = (col + 1) / (4 + 1e-6) * 2 * math.pi
+    assert pos[0, 0, row, col].item() == pytest.approx(math.sin(y), abs=1e-6)
+    assert pos[0, 1, row, col].item() == pytest.approx(math.cos(y), abs=1e-6)
+    # Channels 2, 3: frequency 1 / 10000^(2/4) = 1/100; channels 4-7: the column.
+    assert pos[0, 2, row, col].item() == pytest.approx(math.sin(y / 100), abs=1e-6)
+    assert pos[0, 4, row, col].item() == pytest.approx(math.sin(x), abs=1e-6)
+    assert pos[0, 7, row, col].item() == pytest.approx(math.cos(x / 100), abs=1e-6)
+    assert torch.equal(pos[0], pos[1])
+
+
+def test_config_round_trips_through_a_checkpoint_dict() -> None:
+    config = CONFIGS["digits-small"]
+    assert config_from_dict(config_dict(config)) == config
+
+
+def test_unknown_config_is_refused() -> None:
+    with pytest.raises(ValueError, match="known"):
+        build("detr-r101")

@@ -1,0 +1,66 @@
+"""The DETR training command on a tiny run: checkpoint contents, curves, resume, targets as served."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from models.detection_data import make_split
+from models.train_detr import LABELS, PREPROCESSING, learning_rate_factor, to_inputs_and_targets, train
+
+SIZES = {"train": 12, "val": 4, "test": 4}
+
+
+def test_targets_are_normalised_in_the_letterboxed_frame() -> None:
+    canvases = make_split("test", 3)
+    inputs, targets = to_inputs_and_targets(canvases)
+    assert inputs.shape == (3, 1, 128, 128) and inputs.dtype == torch.float32
+    for canvas, x, target in zip(canvases, inputs, targets, strict=True):
+        height, width = canvas.image.shape
+        scale = 128 / max(width, height)  # letterbox: the longer side becomes 128
+        cx, cy, w, h = target["boxes"].T.numpy()
+        # Back to pixels (within the rounding of the content size): the canvas's own boxes.
+        np.testing.assert_allclose((cx - w / 2) * 128 / scale, canvas.boxes[:, 0], atol=0.6)
+        np.testing.assert_allclose((cy + h / 2) * 128 / scale, canvas.boxes[:, 3], atol=0.6)
+        np.testing.assert_allclose(w * 128 / scale, canvas.boxes[:, 2] - canvas.boxes[:, 0], atol=0.6)
+        assert torch.equal(target["labels"], torch.from_numpy(canvas.labels))
+        content_h = round(height * scale)
+        assert torch.all(x[0, content_h:, :] == 0)  # the padding below the image
+
+
+def test_schedule_warms_up_then_drops_once() -> None:
+    factors = [learning_rate_factor(s, warmup_steps=4, lr_drop=10) for s in (0, 3, 4, 9, 10, 50)]
+    assert factors == [0.25, 1.0, 1.0, 1.0, 0.1, 0.1]
+
+
+@pytest.mark.slow
+def test_a_tiny_run_writes_what_export_needs_and_resumes(tmp_path) -> None:
+    out = tmp_path / "run"
+    metrics = train(out, data=None, steps=4, lr_drop=3, warmup_steps=2, eval_every=2, split_sizes=SIZES, quiet=True)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    assert checkpoint["architecture"] == "detr" and checkpoint["labels"] == LABELS
+    assert checkpoint["preprocessing"] == PREPROCESSING and checkpoint["split_sizes"] == SIZES
+    assert checkpoint["config"]["num_queries"] == 25 and "transformer.decoder_norm.weight" in checkpoint["state_dict"]
+    assert json.loads((out / "metrics.json").read_text()) == checkpoint["metrics"] == metrics
+    assert 0 <= metrics["test_AP"] <= 1 and metrics["test_images"] == 4 and metrics["steps"] == 4
+    assert (out / "training_curves.png").stat().st_size > 10_000
+
+    last = torch.load(out / "last.pt", weights_only=False)
+    assert last["step"] == 4 and [s for s, _ in last["history"]["val AP"]] == [2, 4]
+    train(
+        out,
+        data=None,
+        steps=6,
+        lr_drop=3,
+        warmup_steps=2,
+        eval_every=2,
+        split_sizes=SIZES,
+        resume=out / "last.pt",
+        quiet=True,
+    )
+    resumed = torch.load(out / "last.pt", weights_only=False)
+    assert resumed["step"] == 6 and [s for s, _ in resumed["history"]["val AP"]] == [2, 4, 6]
+    assert len(resumed["history"]["train loss"]) == 6

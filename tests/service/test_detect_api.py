@@ -1,0 +1,110 @@
+"""POST /v1/models/{name}/detect in process (httpx over ASGI): detections, parameters, render=png."""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.render import font_size
+from tests.conftest import ROOT, png_bytes, running_app
+from tests.service.test_api import assert_problem
+from tests.service.test_render import allowed_region, drawn_mask
+
+pytestmark = pytest.mark.anyio
+CANVAS = (ROOT / "examples" / "canvas.png").read_bytes()
+DETECT = "/v1/models/detr-digits/detect"
+
+
+async def test_detect_the_example_canvas() -> None:
+    async with running_app() as client:
+        response = await client.post(DETECT, files={"image": CANVAS}, headers={"X-Request-ID": "detr-1"})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["model"] == "detr-digits" and body["version"] == "1"
+    assert body["image"] == {"width": 339, "height": 327}
+    detections = body["detections"]
+    assert sorted(d["label"] for d in detections) == ["0", "2", "3", "4", "5"]
+    scores = [d["score"] for d in detections]
+    assert scores == sorted(scores, reverse=True) and min(scores) >= 0.5
+    for d in detections:
+        box = d["box"]
+        assert 0 <= box["xmin"] < box["xmax"] <= 339 and 0 <= box["ymin"] < box["ymax"] <= 327
+        assert d["class_id"] == int(d["label"])
+    assert response.headers["x-request-id"] == "detr-1" and "compute;dur=" in response.headers["server-timing"]
+
+
+async def test_threshold_and_max_detections() -> None:
+    async with running_app() as client:
+        everything = (await client.post(DETECT + "?threshold=0", files={"image": CANVAS})).json()["detections"]
+        strict = (await client.post(DETECT + "?threshold=0.999999", files={"image": CANVAS})).json()["detections"]
+        top2 = (await client.post(DETECT + "?threshold=0&max_detections=2", files={"image": CANVAS})).json()
+        many = (await client.post(DETECT + "?threshold=0&max_detections=100000", files={"image": CANVAS})).json()
+    assert len(everything) == 25  # one per object query: DETR's set, read directly, no NMS
+    assert all(d["score"] >= 0.999999 for d in strict) and len(strict) < 25
+    assert top2["detections"] == everything[:2]
+    assert many["detections"] == everything  # clamped to the number of queries
+
+
+@pytest.mark.parametrize(
+    "query", ["threshold=1.5", "threshold=-0.1", "threshold=nan", "threshold=abc", "max_detections=0"]
+)
+async def test_bad_parameters_are_422(query: str) -> None:
+    async with running_app() as client:
+        response = await client.post(f"{DETECT}?{query}", files={"image": CANVAS})
+    assert_problem(response, 422, query.split("=")[0])
+
+
+async def test_render_png_draws_the_returned_boxes() -> None:
+    async with running_app() as client:
+        detections = (await client.post(DETECT + "?threshold=0.7", files={"image": CANVAS})).json()["detections"]
+        response = await client.post(DETECT + "?threshold=0.7&render=png", files={"image": CANVAS})
+        by_accept = await client.post(
+            DETECT + "?threshold=0.7", files={"image": CANVAS}, headers={"Accept": "image/png"}
+        )
+        json_anyway = await client.post(
+            DETECT + "?threshold=0.7&render=json", files={"image": CANVAS}, headers={"Accept": "image/png"}
+        )
+    assert response.status_code == 200 and response.headers["content-type"] == "image/png"
+    assert "compute;dur=" in response.headers["server-timing"]
+    assert by_accept.headers["content-type"] == "image/png" and by_accept.content == response.content
+    assert json_anyway.json()["detections"] == detections
+    drawn = Image.open(io.BytesIO(response.content))
+    original = Image.open(io.BytesIO(CANVAS))
+    assert drawn.size == original.size == (339, 327)
+    changed = drawn_mask(original, drawn)
+    assert changed.sum() > 0
+    assert not np.any(changed & ~allowed_region(detections, drawn.size, font_size(*drawn.size) + 6))
+    for d in detections:  # every returned box is outlined where it says
+        b = d["box"]
+        assert changed[int((b["ymin"] + b["ymax"]) / 2), round(b["xmin"])]
+
+
+async def test_render_png_takes_one_image() -> None:
+    async with running_app() as client:
+        response = await client.post(DETECT + "?render=png", files=[("image", CANVAS), ("image", CANVAS)])
+    assert_problem(response, 400, "one image")
+
+
+async def test_several_images_and_a_bad_one() -> None:
+    blank = png_bytes(np.full((90, 70), 30, np.uint8))
+    async with running_app() as client:
+        response = await client.post(DETECT, files=[("image", CANVAS), ("image", b"nonsense"), ("image", blank)])
+    assert response.status_code == 200
+    first, bad, empty = response.json()["results"]
+    assert sorted(d["label"] for d in first["detections"]) == ["0", "2", "3", "4", "5"]
+    assert bad["status"] == 415
+    assert empty["image"] == {"width": 70, "height": 90} and empty["detections"] == []
+
+
+async def test_tasks_are_not_mixed_up() -> None:
+    async with running_app() as client:
+        assert_problem(await client.post("/v1/models/vit-digits/detect", files={"image": CANVAS}), 400, "classify")
+        assert_problem(await client.post("/v1/models/detr-digits/classify", files={"image": CANVAS}), 400, "detect")
+        assert_problem(await client.post("/v1/models/nope/detect", files={"image": CANVAS}), 404, "nope")
+        listing = (await client.get("/v1/models/detr-digits")).json()
+    (version,) = listing["versions"]
+    assert version["task"] == "detection" and version["labels_count"] == 11
+    assert version["metrics"]["test_AP"] >= 0.80

@@ -1,0 +1,123 @@
+"""Detection post-processing and the letterbox geometry, on hand-computed values."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.manifest import Preprocessing
+from service.postprocess import detect
+from service.preprocess import Preprocessor
+
+LABELS = ["cat", "dog", "no-object"]
+
+
+def _logits(*probabilities: list[float]) -> np.ndarray:
+    return np.log(np.asarray(probabilities, dtype=np.float32))
+
+
+def test_detect_by_hand() -> None:
+    logits = _logits(
+        [0.7, 0.2, 0.1],  # query 0: cat 0.7
+        [0.05, 0.05, 0.9],  # query 1: mostly nothing; best object class scores only 0.05
+        [0.1, 0.8, 0.1],  # query 2: dog 0.8
+    )
+    boxes = np.array([[0.5, 0.5, 0.2, 0.4], [0.1, 0.1, 0.1, 0.1], [0.25, 0.75, 0.1, 0.1]], dtype=np.float32)
+    result = detect(
+        logits, boxes, LABELS, threshold=0.5, max_detections=100, box_scale=(200.0, 100.0), image_size=(200, 100)
+    )
+    assert [(d["label"], d["class_id"]) for d in result] == [("dog", 1), ("cat", 0)]  # by score, no-object gone
+    assert result[0]["score"] == pytest.approx(0.8, rel=1e-6) and result[1]["score"] == pytest.approx(0.7, rel=1e-6)
+    # dog: cx 0.25 * 200 = 50, w 0.1 * 200 = 20; cy 0.75 * 100 = 75, h 0.1 * 100 = 10.
+    assert result[0]["box"] == pytest.approx({"xmin": 40.0, "ymin": 70.0, "xmax": 60.0, "ymax": 80.0})
+    assert result[1]["box"] == pytest.approx({"xmin": 80.0, "ymin": 30.0, "xmax": 120.0, "ymax": 70.0})
+
+
+def test_threshold_is_inclusive_and_max_detections_keeps_the_best() -> None:
+    logits = _logits([0.5, 0.25, 0.25], [0.2, 0.6, 0.2], [0.3, 0.3, 0.4])
+    boxes = np.full((3, 4), 0.5, dtype=np.float32)
+    kwargs = {"box_scale": (10.0, 10.0), "image_size": (10, 10)}
+    kept = detect(logits, boxes, LABELS, threshold=0.5, max_detections=100, **kwargs)
+    assert [d["class_id"] for d in kept] == [1, 0]  # 0.6, then exactly 0.5
+    everything = detect(logits, boxes, LABELS, threshold=0.0, max_detections=100, **kwargs)
+    assert [round(d["score"], 6) for d in everything] == [0.6, 0.5, 0.3]  # query 2's best object class is 0.3
+    assert everything[2]["class_id"] == 0  # cat and dog tie at 0.3: the lower id
+    assert len(detect(logits, boxes, LABELS, threshold=0.0, max_detections=1, **kwargs)) == 1
+    assert len(detect(logits, boxes, LABELS, threshold=0.0, max_detections=10**30, **kwargs)) == 3
+
+
+def test_boxes_are_clipped_to_the_image() -> None:
+    logits = _logits([0.9, 0.05, 0.05])
+    boxes = np.array([[0.05, 0.95, 0.3, 0.3]], dtype=np.float32)  # sticks out left and bottom
+    (result,) = detect(
+        logits, boxes, LABELS, threshold=0.5, max_detections=5, box_scale=(100.0, 50.0), image_size=(100, 50)
+    )
+    assert result["box"] == pytest.approx({"xmin": 0.0, "ymin": 40.0, "xmax": 20.0, "ymax": 50.0})
+
+
+def test_softmax_includes_no_object_before_it_is_dropped() -> None:
+    logits = np.array([[0.0, 0.0, math.log(2.0)]], dtype=np.float32)  # probabilities 1/4, 1/4, 1/2
+    (result,) = detect(
+        logits,
+        np.full((1, 4), 0.5, np.float32),
+        LABELS,
+        threshold=0,
+        max_detections=1,
+        box_scale=(1, 1),
+        image_size=(1, 1),
+    )
+    assert result["score"] == pytest.approx(0.25, rel=1e-6)
+
+
+def test_wrong_shapes_are_an_internal_error() -> None:
+    with pytest.raises(ValueError, match="expected logits"):
+        detect(
+            np.zeros((4, 2)),
+            np.zeros((4, 4)),
+            LABELS,
+            threshold=0.5,
+            max_detections=1,
+            box_scale=(1, 1),
+            image_size=(1, 1),
+        )
+
+
+def _letterbox(width: int = 128, height: int = 128, pad_value: int = 0) -> Preprocessor:
+    spec = {"color_mode": "L", "resize": "letterbox", "size": {"height": height, "width": width}, "mean": [0.0]}
+    return Preprocessor(Preprocessing.model_validate({**spec, "std": [1.0], "pad_value": pad_value}))
+
+
+def test_letterbox_keeps_the_aspect_ratio_and_pads_bottom_right() -> None:
+    preprocess = _letterbox(pad_value=10)
+    image = Image.fromarray(np.full((50, 100), 255, dtype=np.uint8))  # 100 wide, 50 high
+    assert preprocess.content_size(100, 50) == (128, 64)
+    x = preprocess(image)
+    assert x.shape == (1, 128, 128) and x.dtype == np.float32
+    assert np.allclose(x[0, :64, :], 1.0) and np.allclose(x[0, 64:, :], 10 / 255)
+    tall = preprocess(Image.fromarray(np.full((128, 64), 255, dtype=np.uint8)))  # fits as is: no resize
+    assert np.allclose(tall[0, :, :64], 1.0) and np.allclose(tall[0, :, 64:], 10 / 255)
+
+
+def test_box_scale_inverts_the_letterbox() -> None:
+    preprocess = _letterbox()
+    # 100 x 50 -> content 128 x 64: the padded frame is 128 / 128 * 100 = 100 px wide and
+    # 128 / 64 * 50 = 100 px high in displayed pixels.
+    assert preprocess.box_scale((100, 50), (100, 50)) == pytest.approx((100.0, 100.0))
+    # The same image decoded at half size (JPEG draft) but displayed at 200 x 100.
+    assert preprocess.box_scale((100, 50), (200, 100)) == pytest.approx((200.0, 200.0))
+    # Rounding: 100 x 80 -> content 128 x 102 (102.4 rounded); y maps 102 input rows to 80 px.
+    assert preprocess.content_size(100, 80) == (128, 102)
+    assert preprocess.box_scale((100, 80), (100, 80)) == pytest.approx((100.0, 128 / 102 * 80))
+
+
+def test_stretch_box_scale_is_the_displayed_size() -> None:
+    spec = Preprocessing.model_validate(
+        {"color_mode": "L", "size": {"height": 8, "width": 8}, "mean": [0.0], "std": [1.0]}
+    )
+    preprocess = Preprocessor(spec)
+    assert spec.resize == "stretch" and spec.pad_value == 0  # the defaults: older manifests load unchanged
+    assert preprocess.content_size(30, 20) == (8, 8)
+    assert preprocess.box_scale((30, 20), (60, 40)) == (60.0, 40.0)
