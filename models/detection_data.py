@@ -138,6 +138,28 @@ def make_canvas(split: str, index: int, seed: int = SEED) -> Canvas:
     return Canvas(image, np.asarray(boxes, dtype=np.float32).reshape(-1, 4), np.asarray(labels, dtype=np.int64))
 
 
+def digit_crops(split: str, count: int, rng: np.random.Generator, size: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """Single-digit crops for pretraining a backbone to classify: uint8 (count, size, size) and labels (count,).
+
+    Each crop is a background as the canvases have, with one digit of ``split``'s pool enlarged to
+    12-``size - 4`` px (the sizes digits reach in a letterboxed 128 px input) at a random place.
+    """
+    pool_values, pool_labels = digit_pools()[split]
+    crops = np.empty((count, size, size), dtype=np.uint8)
+    labels = np.empty(count, dtype=np.int64)
+    for i in range(count):
+        canvas = _background(rng, size, size)
+        side = int(rng.integers(DIGIT_SIZE[0], size - 3))
+        x0, y0 = (int(v) for v in rng.integers(0, size - side + 1, size=2))
+        digit = int(rng.integers(len(pool_labels)))
+        alpha = _opacity(pool_values[digit], side)
+        window = canvas[y0 : y0 + side, x0 : x0 + side]
+        canvas[y0 : y0 + side, x0 : x0 + side] = window * (1 - alpha) + rng.uniform(150, 255) * alpha
+        crops[i] = np.clip(np.rint(canvas), 0, 255)
+        labels[i] = pool_labels[digit]
+    return crops, labels
+
+
 def make_split(split: str, count: int | None = None, seed: int = SEED) -> list[Canvas]:
     """The first ``count`` canvases (default: all ``SPLIT_SIZES[split]``) of ``split``."""
     return [make_canvas(split, i, seed) for i in range(SPLIT_SIZES[split] if count is None else count)]

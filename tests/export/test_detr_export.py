@@ -52,7 +52,17 @@ def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
     from models.train_detr import train
 
     sizes = {"train": 16, "val": 8, "test": 8}
-    train(tmp_path / "run", data=None, steps=4, lr_drop=3, warmup_steps=2, eval_every=4, split_sizes=sizes, quiet=True)
+    train(
+        tmp_path / "run",
+        data=None,
+        steps=4,
+        lr_drop=3,
+        warmup_steps=2,
+        eval_every=4,
+        split_sizes=sizes,
+        pretrain_steps=2,
+        quiet=True,
+    )
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "out", opset=18)
     assert load_manifest(tmp_path / "out" / "model.json") == manifest
     assert manifest.task == "detection"

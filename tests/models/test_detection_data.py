@@ -13,6 +13,7 @@ from models.detection_data import (
     CANVAS_SIZE,
     DIGIT_SIZE,
     MAX_OBJECTS,
+    digit_crops,
     digit_pools,
     ink_box,
     load_split,
@@ -104,3 +105,11 @@ def test_a_cached_split_reads_back_exactly(tmp_path) -> None:
     (tmp_path / "test" / "00002.png").unlink()  # a damaged cache is regenerated, not trusted
     again = load_split("test", tmp_path, count=4)
     assert np.array_equal(again[1].image, written[1].image) and (tmp_path / "test" / "00002.png").exists()
+
+
+def test_pretraining_crops_come_from_the_pool_asked_for() -> None:
+    crops, labels = digit_crops("train", 20, np.random.default_rng(0))
+    assert crops.shape == (20, 64, 64) and crops.dtype == np.uint8
+    assert set(labels.tolist()) <= set(range(10)) and len(set(labels.tolist())) > 3
+    again, _ = digit_crops("train", 20, np.random.default_rng(0))
+    assert np.array_equal(crops, again)
