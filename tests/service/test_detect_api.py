@@ -48,13 +48,12 @@ async def test_threshold_and_max_detections() -> None:
     assert many["detections"] == everything  # clamped to the number of queries
 
 
-@pytest.mark.parametrize(
-    "query", ["threshold=1.5", "threshold=-0.1", "threshold=nan", "threshold=abc", "max_detections=0"]
-)
-async def test_bad_parameters_are_422(query: str) -> None:
+async def test_bad_parameters_are_422() -> None:
+    queries = ["threshold=1.5", "threshold=-0.1", "threshold=nan", "threshold=abc", "max_detections=0", "render=gif"]
     async with running_app() as client:
-        response = await client.post(f"{DETECT}?{query}", files={"image": CANVAS})
-    assert_problem(response, 422, query.split("=")[0])
+        for query in queries:
+            response = await client.post(f"{DETECT}?{query}", files={"image": CANVAS})
+            assert_problem(response, 422, query.split("=")[0])
 
 
 async def test_render_png_draws_the_returned_boxes() -> None:
