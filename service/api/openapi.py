@@ -92,6 +92,39 @@ CLASSIFICATION_SCHEMA: dict[str, Any] = {
 }
 
 
+_PIXELS = {"type": "number", "minimum": 0, "description": "pixels of the displayed image"}
+DETECTION_SCHEMA: dict[str, Any] = {
+    "title": "Detection",
+    "type": "object",
+    "required": ["model", "version", "image", "detections"],
+    "properties": {
+        "model": {"type": "string"},
+        "version": {"type": "string"},
+        "image": _IMAGE_SIZE,
+        "detections": {
+            "type": "array",
+            "description": "DETR's set prediction read directly (no NMS), best score first.",
+            "items": {
+                "type": "object",
+                "required": ["label", "class_id", "score", "box"],
+                "properties": {
+                    "label": {"type": "string"},
+                    "class_id": {"type": "integer", "minimum": 0},
+                    "score": {"type": "number", "minimum": 0, "maximum": 1},
+                    "box": {
+                        "type": "object",
+                        "required": ["xmin", "ymin", "xmax", "ymax"],
+                        "properties": {"xmin": _PIXELS, "ymin": _PIXELS, "xmax": _PIXELS, "ymax": _PIXELS},
+                    },
+                },
+            },
+        },
+    },
+}
+# ?render=png (or Accept: image/png): the image with its detections drawn.
+PNG_CONTENT: dict[str, Any] = {"image/png": {"schema": {"type": "string", "format": "binary"}}}
+
+
 def image_responses(result_schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
     """The responses of an inference route whose one-image body is ``result_schema``.
 

@@ -107,3 +107,22 @@ async def test_tasks_are_not_mixed_up() -> None:
     (version,) = listing["versions"]
     assert version["task"] == "detection" and version["labels_count"] == 11
     assert version["metrics"]["test_AP"] >= 0.80
+
+
+async def test_the_detect_route_declares_its_json_and_png_answers() -> None:
+    import jsonschema
+
+    async with running_app() as client:
+        document = (await client.get("/openapi.json")).json()
+        one = (await client.post(DETECT, files={"image": CANVAS})).json()
+        several = (await client.post(DETECT, files=[("image", CANVAS), ("image", b"junk")])).json()
+    operation = document["paths"]["/v1/models/{name}/detect"]["post"]
+    responses = operation["responses"]
+    assert set(responses) == {"200", "400", "401", "404", "408", "413", "415", "422", "500", "503", "504"}
+    assert set(responses["200"]["content"]) == {"application/json", "image/png"}
+    parameters = {p["name"]: p["schema"] for p in operation["parameters"] if p["in"] == "query"}
+    assert parameters["threshold"]["minimum"] == 0 and parameters["threshold"]["maximum"] == 1
+    assert parameters["max_detections"]["minimum"] == 1 and "render" in parameters
+    schema = responses["200"]["content"]["application/json"]["schema"]
+    jsonschema.validate(one, schema)
+    jsonschema.validate(several, schema)

@@ -9,14 +9,15 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service import metrics, postprocess, render
+from service import metrics, postprocess
 from service.api.deps import Repository, State
 from service.api.lifetime import requested_timeout, unless_disconnected
-from service.api.openapi import CLASSIFICATION_SCHEMA, image_responses
+from service.api.openapi import CLASSIFICATION_SCHEMA, DETECTION_SCHEMA, PNG_CONTENT, image_responses
 from service.api.responses import JSON
 from service.api.uploads import OPENAPI_IMAGE_BODY, read_images
 from service.errors import BadRequest, ProblemError, request_id
 from service.inference import ImageOutcome, infer_images, response_body, server_timing
+from service.render import draw_detections, png_bytes
 from service.repository import ModelRepository, ModelVersion
 
 # Every inference route takes `?timeout=` / `X-Request-Timeout` (seconds, may only shorten request_timeout).
@@ -115,6 +116,13 @@ async def classify(
     return await _serve(request, state, repository, name, version, "classification", render)
 
 
+def _detect_responses() -> dict[int | str, dict[str, Any]]:
+    responses = image_responses(DETECTION_SCHEMA)
+    ok = responses[200]
+    responses[200] = {**ok, "content": {**ok["content"], **PNG_CONTENT}}
+    return responses
+
+
 def _wants_png(request: Request, render_as: str | None) -> bool:
     """``?render=png``, or no ``render`` and an ``Accept`` header whose first choice is image/png."""
     if render_as is not None:
@@ -128,7 +136,7 @@ def _wants_png(request: Request, render_as: str | None) -> bool:
     summary="Detect objects in one or more images",
     openapi_extra=OPENAPI_IMAGE_BODY,
     response_class=JSON,
-    responses={200: {"content": {"image/png": {}}, "description": "JSON detections, or the drawn image (PNG)"}},
+    responses=_detect_responses(),
 )
 async def detect(
     name: str,
@@ -171,9 +179,7 @@ async def detect(
         decoded = outcomes[0].image
         drawn = await asyncio.get_running_loop().run_in_executor(
             state.decode_pool,
-            lambda: render.png_bytes(
-                render.draw_detections(decoded.image, body["detections"], (decoded.width, decoded.height))
-            ),
+            lambda: png_bytes(draw_detections(decoded.image, body["detections"], (decoded.width, decoded.height))),
         )
         return Response(drawn, media_type="image/png")
 
