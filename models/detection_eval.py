@@ -2,7 +2,11 @@
 
 The detections are the server's own response format (``{"label", "class_id", "score", "box":
 {"xmin", "ymin", "xmax", "ymax"}}`` in pixels of the displayed image), so the same function
-scores the PyTorch model while training, the ONNX graph at export, and the server over HTTP.
+scores the PyTorch model while training, the ONNX graph at export, and the server over HTTP:
+
+    python -m models.detection_eval --url http://127.0.0.1:8000
+
+posts the test split to a running server (threshold 0: every query) and prints its COCO AP.
 """
 
 from __future__ import annotations
@@ -116,3 +120,50 @@ def coco_ap(ground_truth: dict[str, Any], detections: Sequence[Sequence[dict[str
         evaluation.summarize()
     stats = evaluation.stats
     return {**{name: float(stats[i]) for i, name in enumerate(names)}, "AR100": float(stats[8])}
+
+
+async def _detect_over_http(url: str, model: str, pngs: list[bytes], concurrency: int) -> list[list[dict[str, Any]]]:
+    import asyncio
+
+    import httpx
+
+    limit = asyncio.Semaphore(concurrency)
+    async with httpx.AsyncClient(base_url=url, timeout=120) as client:
+
+        async def one(png: bytes) -> list[dict[str, Any]]:
+            async with limit:
+                response = await client.post(f"/v1/models/{model}/detect?threshold=0", files={"image": png})
+                response.raise_for_status()
+                return response.json()["detections"]
+
+        return list(await asyncio.gather(*(one(png) for png in pngs)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """COCO AP of a served detector on the test split, posted over HTTP with threshold 0."""
+    import argparse
+    import asyncio
+
+    from models.detection_data import SPLIT_SIZES, load_split, to_coco
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running server")
+    parser.add_argument("--model", default="detr-digits")
+    parser.add_argument("--count", type=int, default=SPLIT_SIZES["test"], help="test canvases to post")
+    parser.add_argument("--concurrency", type=int, default=16)
+    args = parser.parse_args(argv)
+    canvases = load_split("test", None, args.count)
+    pngs = []
+    for canvas in canvases:
+        buffer = io.BytesIO()
+        Image.fromarray(canvas.image).save(buffer, format="PNG")
+        pngs.append(buffer.getvalue())
+    detections = asyncio.run(_detect_over_http(args.url, args.model, pngs, args.concurrency))
+    ap = coco_ap(to_coco(canvases), detections)
+    objects = sum(len(c.labels) for c in canvases)
+    print(f"{args.model} over HTTP, {len(canvases)} test canvases ({objects} objects), every query kept (threshold 0):")
+    print(", ".join(f"{name} {value:.4f}" for name, value in ap.items() if value >= 0))
+
+
+if __name__ == "__main__":
+    main()

@@ -161,8 +161,8 @@ def train(
     out: Path,
     *,
     data: Path | None = Path("data/detr-digits"),
-    steps: int = 5000,
-    lr_drop: int = 4000,
+    steps: int = 10000,
+    lr_drop: int = 8000,
     warmup_steps: int = 200,
     batch_size: int = 32,
     lr: float = 3e-4,
@@ -329,8 +329,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("runs/detr-digits"))
     parser.add_argument("--data", type=Path, default=Path("data/detr-digits"), help="cache of the generated splits")
-    parser.add_argument("--steps", type=int, default=5000)
-    parser.add_argument("--lr-drop", type=int, default=4000, help="step at which the learning rate drops 10x")
+    parser.add_argument("--steps", type=int, default=10000)
+    parser.add_argument("--lr-drop", type=int, default=8000, help="step at which the learning rate drops 10x")
     parser.add_argument("--pretrain-steps", type=int, default=1000, help="backbone pretraining steps (0: none)")
     parser.add_argument("--eval-every", type=int, default=500)
     parser.add_argument("--seed", type=int, default=0)
