@@ -55,6 +55,10 @@ def test_resnet50_gives_c5_at_stride_32_with_frozen_norms() -> None:
     assert {"conv1.weight", "bn1.running_mean", "layer1.0.downsample.0.weight", "layer4.2.conv3.weight"} <= names
 
 
+def test_small_detr_parameter_count() -> None:
+    assert count_parameters(build("digits-small")) == 1_869_039
+
+
 def test_detr_r50_parameter_count() -> None:
     model = build("detr-r50")
     total = count_parameters(model)
