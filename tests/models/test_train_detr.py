@@ -77,6 +77,7 @@ def test_a_tiny_run_writes_what_export_needs_and_resumes(tmp_path) -> None:
     assert len(resumed["history"]["train loss"]) == 6
 
 
+@pytest.mark.slow
 def test_backbone_pretraining_learns_to_tell_digits_apart() -> None:
     from models.detr import build
     from models.train_detr import pretrain_backbone
@@ -84,6 +85,6 @@ def test_backbone_pretraining_learns_to_tell_digits_apart() -> None:
     torch.manual_seed(0)
     backbone = build("digits-small").backbone
     before = [p.detach().clone() for p in backbone.parameters()]
-    result = pretrain_backbone(backbone, steps=60, batch_size=32, lr=3e-3, quiet=True)
-    assert result["pretrain_val_accuracy"] > 0.3  # chance is 0.1; it reaches ~0.99 with the recipe's 1,000 steps
+    result = pretrain_backbone(backbone, steps=150, batch_size=32, lr=3e-3, quiet=True)
+    assert result["pretrain_val_accuracy"] > 0.5  # chance is 0.1; 0.77 measured; 0.99 with the recipe's 1,000 steps
     assert any(not torch.equal(a, b) for a, b in zip(before, backbone.parameters(), strict=True))
