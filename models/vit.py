@@ -39,6 +39,13 @@ class ViTConfig:
         init: "timm": truncated normal (std 0.02) for linear layers, class token and position
             embeddings (the ViT/DeiT practice); "torch": PyTorch's default layer initialisation
             and N(0, 1) class token and position embeddings (the reference digits tutorial).
+        stem: how patches become tokens. "patch": one linear projection of each patch (the
+            paper's Eq. 1, a conv with kernel = stride = patch_size). "conv": a small
+            convolutional stem, the paper's hybrid (Section 3.1) in the form of Xiao et al.,
+            "Early Convolutions Help Transformers See Better" (NeurIPS 2021): log2(patch_size)
+            3x3 stride-2 convolutions with BatchNorm and ReLU, then a 1x1 convolution to
+            ``hidden_size``. Token i still covers patch i of the grid.
+        stem_channels: channels of the conv stem's first convolution (doubled at each next one).
     """
 
     image_size: int = 224
@@ -52,6 +59,8 @@ class ViTConfig:
     dropout: float = 0.0
     position_embedding: bool = True
     init: Literal["timm", "torch"] = "timm"
+    stem: Literal["patch", "conv"] = "patch"
+    stem_channels: int = 32
 
     @property
     def num_patches(self) -> int:
@@ -63,6 +72,8 @@ class ViTConfig:
             raise ValueError(f"patch_size {self.patch_size} does not divide image_size {self.image_size}")
         if self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads {self.num_heads} does not divide hidden_size {self.hidden_size}")
+        if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
+            raise ValueError(f"the conv stem needs a power-of-two patch_size >= 2, not {self.patch_size}")
 
 
 CONFIGS: dict[str, ViTConfig] = {
@@ -77,11 +88,42 @@ CONFIGS: dict[str, ViTConfig] = {
         num_heads=4,
         init="torch",
     ),
+    # The CIFAR-10 photo model, a hybrid sized for CPU training: 32x32 RGB, a conv stem of three
+    # stride-2 convs (32, 64, 128 channels) making 8x8-pixel patches (16 tokens + class token),
+    # width 192, 6 blocks, 3 heads, MLP x2; 1.9M parameters, ~2x the training speed of the same
+    # ViT on 4x4 patches (64 tokens) at width 128.
+    "cifar10": ViTConfig(
+        image_size=32,
+        patch_size=8,
+        in_channels=3,
+        num_classes=10,
+        hidden_size=192,
+        depth=6,
+        num_heads=3,
+        mlp_ratio=2.0,
+        stem="conv",
+        stem_channels=32,
+    ),
     # The paper's Table 1 (Ti and S from DeiT, Touvron et al. 2021).
     "vit-ti16": ViTConfig(hidden_size=192, depth=12, num_heads=3),
     "vit-s16": ViTConfig(hidden_size=384, depth=12, num_heads=6),
     "vit-b16": ViTConfig(hidden_size=768, depth=12, num_heads=12),
 }
+
+
+def conv_stem(in_channels: int, hidden_size: int, patch_size: int, channels: int) -> nn.Sequential:
+    """The convolutional stem (Xiao et al. 2021): (B, C, H, W) -> (B, hidden_size, H / p, W / p).
+
+    log2(patch_size) blocks of 3x3 stride-2 conv (no bias) + BatchNorm + ReLU, channels
+    ``channels``, ``2 * channels``, ...; then a 1x1 conv to ``hidden_size``.
+    """
+    layers: list[nn.Module] = []
+    c_in, c_out = in_channels, channels
+    for _ in range(patch_size.bit_length() - 1):
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU()]
+        c_in, c_out = c_out, 2 * c_out
+    layers.append(nn.Conv2d(c_in, hidden_size, kernel_size=1))
+    return nn.Sequential(*layers)
 
 
 class Attention(nn.Module):
@@ -147,7 +189,10 @@ class ViT(nn.Module):
         super().__init__()
         self.config = config
         d = config.hidden_size
-        self.patch_embed = nn.Conv2d(config.in_channels, d, kernel_size=config.patch_size, stride=config.patch_size)
+        if config.stem == "conv":
+            self.patch_embed = conv_stem(config.in_channels, d, config.patch_size, config.stem_channels)
+        else:
+            self.patch_embed = nn.Conv2d(config.in_channels, d, kernel_size=config.patch_size, stride=config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
         self.pos_embed = nn.Parameter(torch.zeros(1, config.num_patches + 1, d)) if config.position_embedding else None
         self.dropout = nn.Dropout(config.dropout)
