@@ -31,8 +31,8 @@ def warmup_cosine(total_steps: int, warmup_steps: int, floor: float = 0.0):
     return factor
 
 
-def plot_curves(history: dict[str, list[tuple[float, float]]], path: Path, title: str) -> None:
-    """One panel per series: ``history[name] = [(step, value), ...]``; written as PNG."""
+def plot_curves(history: dict[str, list[tuple[float, float]]], path: Path, title: str, xlabel: str = "step") -> None:
+    """One panel per series: ``history[name] = [(x, value), ...]`` against ``xlabel``; written as PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,7 +43,7 @@ def plot_curves(history: dict[str, list[tuple[float, float]]], path: Path, title
         steps, values = zip(*points, strict=True) if points else ((), ())
         ax.plot(steps, values, marker="." if len(points) < 60 else None)
         ax.set_title(name)
-        ax.set_xlabel("step")
+        ax.set_xlabel(xlabel)
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()

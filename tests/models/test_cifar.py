@@ -1,0 +1,73 @@
+"""CIFAR-10 from the JPEG archive: order, shapes, labels; and a tiny end-to-end training run."""
+
+from __future__ import annotations
+
+import io
+import os
+import zipfile
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from models import cifar
+
+
+def archive_or_skip():
+    try:
+        return cifar.find_archive()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs the CIFAR-10 archive: {exc}")
+        pytest.skip(str(exc))
+
+
+def test_load_split_reads_classes_in_cifar_order(tmp_path) -> None:
+    path = tmp_path / "tiny.zip"
+    colours = {}
+    with zipfile.ZipFile(path, "w") as archive:
+        for class_id, label in enumerate(cifar.CIFAR10_LABELS):
+            for n in (1, 0):  # written out of order: the loader sorts by name
+                colour = (class_id * 20, n * 100, 50)
+                colours[(label, n)] = colour
+                buffer = io.BytesIO()
+                Image.new("RGB", (32, 32), colour).save(buffer, format="JPEG", quality=100)
+                archive.writestr(f"test/{label}/{n:04d}.jpg", buffer.getvalue())
+    split = cifar.load_split("test", path)
+    assert split.images.shape == (20, 32, 32, 3) and split.images.dtype == np.uint8
+    assert split.labels.tolist() == [c for c in range(10) for _ in range(2)]
+    for i, (label, n) in enumerate((label, n) for label in cifar.CIFAR10_LABELS for n in (0, 1)):
+        assert np.abs(split.images[i].astype(int) - colours[(label, n)]).max() <= 3  # JPEG rounding
+    assert len(cifar.load_split("test", path, limit_per_class=1).labels) == 10
+
+
+def test_unknown_split_and_missing_archive_are_clear_errors(tmp_path) -> None:
+    with pytest.raises(ValueError, match="split must be"):
+        cifar.load_split("valid", tmp_path / "x.zip")
+    with pytest.raises(FileNotFoundError, match="PATCHSERVE_CIFAR10"):
+        cifar.find_archive(tmp_path / "missing.zip")
+
+
+def test_the_real_archive_has_the_standard_splits() -> None:
+    path = archive_or_skip()
+    train, test = cifar.load_cifar10_splits(path, limit_per_class=3)
+    assert train.images.shape == (30, 32, 32, 3) and test.images.shape == (30, 32, 32, 3)
+    with zipfile.ZipFile(path) as archive:
+        names = [n for n in archive.namelist() if n.endswith(".jpg")]
+    assert sum(n.startswith("train/") for n in names) == 50_000
+    assert sum(n.startswith("test/") for n in names) == 10_000
+
+
+def test_a_tiny_training_run_writes_checkpoint_metrics_and_curves(tmp_path) -> None:
+    from models.train_cifar import train
+
+    path = archive_or_skip()
+    metrics = train(
+        tmp_path, arch="cnn", epochs=2, batch_size=16, data=path, limit_per_class=8, compile=False, quiet=True
+    )
+    assert metrics["epochs"] == 2 and metrics["train_images"] == 80 and metrics["test_images"] == 80
+    assert 0.0 <= metrics["test_accuracy"] <= 1.0
+    assert metrics["device"].startswith(("cpu", "cuda"))
+    for name in ("checkpoint.pt", "metrics.json", "history.json", "training_curves.png"):
+        assert (tmp_path / name).is_file()
+    assert not (tmp_path / "last.pt").exists()
