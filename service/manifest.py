@@ -72,6 +72,10 @@ class Preprocessing(_Strict):
       so the image fits ``size``, place it at the top-left corner and fill the bottom and right
       with ``pad_value`` (DETR pads bottom and right too). Output (C, size.height, size.width);
       a detector's normalised boxes are relative to that padded frame.
+    * ``center_crop``: keep the aspect ratio: resize by ``max(size.width / W, size.height / H)``
+      so the image covers ``size`` (the shorter side fits), then crop the centre ``size``
+      (timm's and torchvision's resize-then-centre-crop at crop fraction 1). Output
+      (C, size.height, size.width); the input sees the central region of the image only.
 
     Then, with ``crop_size``, the centre ``crop_size`` region is kept (the Hugging Face
     ``do_center_crop`` step: offsets ``(H - crop.height) // 2``, ``(W - crop.width) // 2``).
@@ -81,8 +85,10 @@ class Preprocessing(_Strict):
     """
 
     color_mode: Literal["L", "RGB"]
-    resize: Literal["stretch", "letterbox", "shortest_edge"] = "stretch"
-    size: Size | None = Field(None, description="The output size of the stretch and letterbox policies (required for them).")
+    resize: Literal["stretch", "letterbox", "shortest_edge", "center_crop"] = "stretch"
+    size: Size | None = Field(
+        None, description="The output size of the stretch, letterbox and center_crop policies (required for them)."
+    )
     interpolation: Literal["nearest", "bilinear", "bicubic", "box", "hamming", "lanczos"] = "bilinear"
     scale: float = Field(1 / 255, gt=0)
     mean: list[float]
@@ -106,11 +112,11 @@ class Preprocessing(_Strict):
 
     @model_validator(mode="after")
     def _resize_policy(self) -> Preprocessing:
-        if self.resize in ("stretch", "letterbox"):
+        if self.resize in ("stretch", "letterbox", "center_crop"):
             if self.size is None:
                 raise ValueError(f"the {self.resize} policy needs size")
-            if self.resize == "letterbox" and self.crop_size is not None:
-                raise ValueError("letterbox takes no crop_size")
+            if self.resize != "stretch" and self.crop_size is not None:
+                raise ValueError(f"{self.resize} takes no crop_size")
             if self.crop_size and (self.crop_size.height > self.size.height or self.crop_size.width > self.size.width):
                 raise ValueError("crop_size must fit inside size")
         else:
@@ -123,6 +129,18 @@ class Preprocessing(_Strict):
             ):
                 raise ValueError("a crop after shortest_edge needs no longest_edge and must fit inside shortest_edge")
         return self
+
+
+class AttentionSpec(_Strict):
+    """Where a ViT graph exposes its attention weights, for attention rollout (``?render=png``).
+
+    The output holds every block's softmax attention, float32 (B, depth, heads, T, T) with
+    T = 1 + grid.height * grid.width, token 0 the class token and token 1 + r * grid.width + c
+    the patch in grid row r, column c of the model input.
+    """
+
+    output: str = Field(description="The graph output holding the attention weights.")
+    grid: Size = Field(description="The patch grid over the model input: rows (height) and columns (width).")
 
 
 class ExportInfo(_Strict):
@@ -172,12 +190,17 @@ class Manifest(_Strict):
     )
     provenance: Provenance
     batching: Batching | None = Field(None, description="Overrides of the server's batching settings.")
+    attention: AttentionSpec | None = Field(
+        None, description="A ViT's attention-weights output (enables ?render=png on classify); None: not exported."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
         channels = 1 if self.preprocessing.color_mode == "L" else 3
         if self.input.shape[1] != channels:
             raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
+        if self.attention is not None and self.attention.output not in self.outputs:
+            raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
         return self
 
 

@@ -91,11 +91,12 @@ class Preprocessor:
     def content_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels an image of ``width`` x ``height`` pixels fills (before any crop).
 
-        ``stretch`` fills ``size``; ``letterbox`` scales by ``min(size.width / width,
-        size.height / height)`` and rounds, leaving padding at the bottom or right;
-        ``shortest_edge`` is :func:`keep_aspect_size`, the whole input.
+        ``stretch`` (and ``center_crop``, whose central region of the image fills it) fills
+        ``size``; ``letterbox`` scales by ``min(size.width / width, size.height / height)`` and
+        rounds, leaving padding at the bottom or right; ``shortest_edge`` is
+        :func:`keep_aspect_size`, the whole input.
         """
-        if self.spec.resize == "stretch":
+        if self.spec.resize in ("stretch", "center_crop"):
             return self.size
         if self.spec.resize == "letterbox":
             scale = min(self.size[0] / width, self.size[1] / height)
@@ -129,20 +130,51 @@ class Preprocessor:
             self.size[1] / content_h * displayed_size[1],
         )
 
+    def input_region(self, width: int, height: int) -> tuple[float, float, float, float]:
+        """The part of a ``width`` x ``height`` image that the model input covers.
+
+        ``stretch`` and ``shortest_edge`` cover the whole image; ``center_crop`` the centre
+        region with the input's aspect ratio: scale ``s = max(size.width / width, size.height /
+        height)``, region ``size.width / s`` x ``size.height / s`` pixels, centred; a
+        ``crop_size`` the centre crop mapped back to image pixels; ``letterbox`` the image and
+        the padding beyond its bottom and right edges (the region extends past the image).
+
+        Returns:
+            (left, top, right, bottom) in pixels of that image, floats (Pillow's ``box`` order).
+        """
+        if self.spec.resize == "letterbox":
+            content_w, content_h = self.content_size(width, height)
+            return (0.0, 0.0, self.size[0] * width / content_w, self.size[1] * height / content_h)
+        if self.spec.resize != "center_crop":
+            if self.spec.crop_size is None:
+                return (0.0, 0.0, float(width), float(height))
+            content_w, content_h = self.content_size(width, height)
+            crop_w, crop_h = self.spec.crop_size.width, self.spec.crop_size.height
+            sx, sy = width / content_w, height / content_h
+            left, top = (content_w - crop_w) // 2 * sx, (content_h - crop_h) // 2 * sy
+            return (left, top, left + crop_w * sx, top + crop_h * sy)
+        scale = max(self.size[0] / width, self.size[1] / height)
+        crop_w, crop_h = self.size[0] / scale, self.size[1] / scale
+        left, top = (width - crop_w) / 2, (height - crop_h) / 2
+        return (left, top, left + crop_w, top + crop_h)
+
     def __call__(self, image: Image.Image) -> np.ndarray:
-        """Resize (and pad, for ``letterbox``; crop, with ``crop_size``) and normalise ``image``.
+        """Resize (pad, for ``letterbox``; crop, with ``crop_size`` or ``center_crop``) and normalise ``image``.
 
         Args:
             image: Pillow image in ``spec.color_mode``.
 
         Returns:
-            float32 array (C, H, W): H, W = ``crop_size``, else ``size`` (stretch, letterbox), else those
-            of :meth:`content_size` (shortest_edge).
+            float32 array (C, H, W): H, W = ``crop_size``, else ``size`` (stretch, letterbox,
+            center_crop), else those of :meth:`content_size` (shortest_edge).
         """
         if image.mode != self.spec.color_mode:
             raise ValueError(f"expected a {self.spec.color_mode} image, got {image.mode}")
         target = self.content_size(*image.size)
-        if image.size != target:
+        if self.spec.resize == "center_crop" and image.size != self.size:
+            # Resample only the centre region, straight to the input size (no rounded intermediate).
+            image = image.resize(self.size, self.resample, box=self.input_region(*image.size))
+        elif image.size != target:
             image = image.resize(target, self.resample)
         if self.spec.crop_size is not None:
             crop_w, crop_h = self.spec.crop_size.width, self.spec.crop_size.height
