@@ -9,13 +9,13 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service import metrics, postprocess
+from service import attention, metrics, postprocess
 from service.api.deps import Repository, State
 from service.api.lifetime import requested_timeout, unless_disconnected
 from service.api.openapi import CLASSIFICATION_SCHEMA, DETECTION_SCHEMA, PNG_CONTENT, image_responses
 from service.api.responses import JSON
 from service.api.uploads import OPENAPI_IMAGE_BODY, read_images
-from service.errors import BadRequest, ProblemError, request_id
+from service.errors import BadRequest, InvalidParameter, ProblemError, request_id
 from service.inference import ImageOutcome, infer_images, response_body, server_timing
 from service.render import draw_detections, png_bytes
 from service.repository import ModelRepository, ModelVersion
@@ -99,7 +99,7 @@ async def _serve(
     summary="Classify one or more images",
     openapi_extra=OPENAPI_IMAGE_BODY,
     response_class=JSON,
-    responses=image_responses(CLASSIFICATION_SCHEMA),
+    responses=_png_responses(CLASSIFICATION_SCHEMA),
 )
 async def classify(
     name: str,
@@ -108,16 +108,50 @@ async def classify(
     state: State,
     top_k: Annotated[int, Query(ge=1, description="How many classes to return; clamped to the label count")] = 5,
     version: Version = None,
+    render_as: Annotated[
+        Literal["json", "png"] | None,
+        Query(
+            alias="render",
+            description="png: the attention-rollout heat map over the image (a ViT with attention maps; one image)",
+        ),
+    ] = None,
 ) -> Response:
     def render(model: ModelVersion) -> Callable[[ImageOutcome], dict[str, Any]]:
         logits_name, labels = model.manifest.outputs[0], model.manifest.labels
         return lambda outcome: {"predictions": postprocess.classify(outcome.result.outputs[logits_name], labels, top_k)}
 
-    return await _serve(request, state, repository, name, version, "classification", render)
+    async def heat_map(body: dict[str, Any], outcomes: list[ImageOutcome]) -> Response:
+        if len(outcomes) != 1:
+            raise BadRequest(f"render=png draws one image; this request has {len(outcomes)}. Send one, or ask for JSON")
+        model = repository.get(body["model"], body["version"])
+        spec = model.manifest.attention
+        if spec is None:
+            raise InvalidParameter(
+                f"model {model.name!r} version {model.version} exports no attention maps, so render=png has "
+                "nothing to draw; ask for JSON, or use a ViT exported with them (e.g. vit-cifar10)"
+            )
+        decoded, outputs = outcomes[0].image, outcomes[0].result.outputs
+        top = body["predictions"][0]
+        drawn = await asyncio.get_running_loop().run_in_executor(
+            state.decode_pool,
+            lambda: attention.render_png(
+                decoded.image,
+                (decoded.width, decoded.height),
+                outputs[spec.output],
+                (spec.grid.height, spec.grid.width),
+                model.preprocessor,
+                caption=f"{top['label']} {top['score']:.2f}",
+            ),
+        )
+        return Response(drawn, media_type="image/png")
+
+    encode = heat_map if _wants_png(request, render_as) else None
+    return await _serve(request, state, repository, name, version, "classification", render, encode)
 
 
-def _detect_responses() -> dict[int | str, dict[str, Any]]:
-    responses = image_responses(DETECTION_SCHEMA)
+def _png_responses(schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
+    """The image routes' responses, with a PNG (``render=png``) beside the JSON 200."""
+    responses = image_responses(schema)
     ok = responses[200]
     responses[200] = {**ok, "content": {**ok["content"], **PNG_CONTENT}}
     return responses
@@ -136,7 +170,7 @@ def _wants_png(request: Request, render_as: str | None) -> bool:
     summary="Detect objects in one or more images",
     openapi_extra=OPENAPI_IMAGE_BODY,
     response_class=JSON,
-    responses=_detect_responses(),
+    responses=_png_responses(DETECTION_SCHEMA),
 )
 async def detect(
     name: str,

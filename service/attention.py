@@ -1,0 +1,179 @@
+"""Attention rollout and its heat map over the image, in numpy and Pillow (no torch, no matplotlib).
+
+Attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020,
+Section 3): each block's attention, averaged over heads, is mixed with the identity for the
+residual connection, ``A~ = 0.5 A + 0.5 I``, its rows renormalised, and the blocks'
+matrices multiplied from the first to the last, ``R = A~_L ... A~_1``. Row 0 of ``R`` (the
+class token) says how much of the class token's final representation flows from each
+input patch.
+"""
+
+from __future__ import annotations
+
+import io
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+
+from service.images import decode_image
+from service.preprocess import Preprocessor
+
+# Anchors of a dark-to-bright colour map (close to matplotlib's "inferno"), interpolated to 256.
+_ANCHORS = np.array(
+    [
+        [0, 0, 4],
+        [40, 11, 84],
+        [101, 21, 110],
+        [159, 42, 99],
+        [212, 72, 66],
+        [245, 125, 21],
+        [250, 193, 39],
+        [252, 255, 164],
+    ],
+    dtype=np.float32,
+)
+COLORMAP = np.stack(
+    [np.interp(np.linspace(0, 1, 256), np.linspace(0, 1, len(_ANCHORS)), _ANCHORS[:, c]) for c in range(3)], axis=1
+).astype(np.uint8)  # (256, 3) uint8 RGB
+
+
+def rollout(attentions: np.ndarray, residual: float = 0.5) -> np.ndarray:
+    """Attention rollout of one image (Abnar & Zuidema 2020), heads fused by their mean.
+
+    Args:
+        attentions: float (depth, heads, T, T), each row a softmax over keys; token 0 is the
+            class token.
+        residual: weight of the identity for the residual connection (the paper's 0.5).
+
+    Returns:
+        float64 (T - 1,): the class token's rolled-out attention to each patch token, in
+        token order (row-major over the patch grid); non-negative.
+
+    Raises:
+        ValueError: ``attentions`` is not (depth, heads, T, T).
+    """
+    if attentions.ndim != 4 or attentions.shape[-1] != attentions.shape[-2]:
+        raise ValueError(f"expected attentions (depth, heads, T, T), got {attentions.shape}")
+    fused = attentions.astype(np.float64).mean(axis=1)  # (depth, T, T)
+    tokens = fused.shape[-1]
+    mixed = (1 - residual) * fused + residual * np.eye(tokens)  # (depth, T, T)
+    mixed /= mixed.sum(axis=-1, keepdims=True)
+    flow = np.eye(tokens)
+    for layer in mixed:  # R = A~_L ... A~_1
+        flow = layer @ flow
+    return flow[0, 1:]
+
+
+def rollout_grid(attentions: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
+    """:func:`rollout` laid out on the patch grid.
+
+    Args:
+        attentions: float (depth, heads, T, T) with T = 1 + rows * cols.
+        grid: (rows, cols) of patches over the model input.
+
+    Returns:
+        float64 (rows, cols).
+
+    Raises:
+        ValueError: T does not match the grid.
+    """
+    rows, cols = grid
+    if attentions.shape[-1] != 1 + rows * cols:
+        raise ValueError(f"{attentions.shape[-1]} tokens do not fit a {rows}x{cols} patch grid plus a class token")
+    return rollout(attentions).reshape(rows, cols)
+
+
+def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
+    try:
+        return ImageFont.load_default(size=size)  # scalable with FreeType (Pillow >= 10.1)
+    except (TypeError, OSError):
+        return ImageFont.load_default()
+
+
+def heatmap_image(
+    image: Image.Image,
+    heat: np.ndarray,
+    region: tuple[float, float, float, float],
+    *,
+    caption: str = "",
+    alpha: float = 0.55,
+    outside: float = 0.35,
+) -> Image.Image:
+    """The image with ``heat`` blended over the region the model saw.
+
+    Args:
+        image: the picture to draw on (any mode; drawn in RGB at its own size).
+        heat: float (rows, cols), e.g. :func:`rollout_grid`; min-max scaled to the colour map
+            (a constant map draws uniformly dark).
+        region: (left, top, right, bottom) of ``image`` in pixels that the model input
+            covered; the heat map is stretched over it (bilinear) and the rest is dimmed.
+        caption: text drawn in the top-left corner ("" for none).
+        alpha: opacity of the colour map over the region, in [0, 1].
+        outside: brightness kept outside the region, in [0, 1].
+
+    Returns:
+        An RGB image of ``image.size``.
+    """
+    base = image.convert("RGB")
+    width, height = base.size
+    low, high = float(heat.min()), float(heat.max())
+    scaled = (heat - low) / (high - low) if high > low else np.zeros_like(heat)
+    left, top, right, bottom = (round(v) for v in region)
+    left, top = max(0, left), max(0, top)
+    right, bottom = min(width, max(right, left + 1)), min(height, max(bottom, top + 1))
+    pixels = np.asarray(base, dtype=np.float32) * outside  # (H, W, 3), dimmed everywhere first
+    inside = np.asarray(base.crop((left, top, right, bottom)), dtype=np.float32)  # (h, w, 3)
+    smooth = Image.fromarray(scaled.astype(np.float32), mode="F").resize((right - left, bottom - top), Image.BILINEAR)
+    index = np.clip(np.asarray(smooth) * 255.0 + 0.5, 0, 255).astype(np.uint8)  # (h, w)
+    pixels[top:bottom, left:right] = (1 - alpha) * inside + alpha * COLORMAP[index].astype(np.float32)
+    out = Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8), mode="RGB")
+    if caption:
+        draw = ImageDraw.Draw(out)
+        font = _font(max(10, height // 16))
+        x0, y0, x1, y1 = draw.textbbox((0, 0), caption, font=font)
+        pad = max(2, (y1 - y0) // 4)
+        draw.rectangle((0, 0, x1 - x0 + 2 * pad, y1 - y0 + 2 * pad), fill=(0, 0, 0))
+        draw.text((pad - x0, pad - y0), caption, fill=(255, 255, 255), font=font)
+    return out
+
+
+def png_bytes(image: Image.Image) -> bytes:
+    """``image`` encoded as PNG (zlib level 3: fast, still compact)."""
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", compress_level=3)
+    return buffer.getvalue()
+
+
+def render_png(
+    data: bytes,
+    attentions: np.ndarray,
+    grid: tuple[int, int],
+    preprocessor: Preprocessor,
+    *,
+    caption: str,
+    max_pixels: int,
+) -> bytes:
+    """The attention-rollout picture of one uploaded image, as PNG of its displayed size.
+
+    Blocking (decodes and encodes): run it in the decode thread pool. The upload is decoded
+    again at full resolution (the request path may have draft-decoded a JPEG smaller), in
+    its displayed orientation, in RGB whatever the model's colour mode.
+
+    Args:
+        data: the uploaded file's bytes.
+        attentions: float32 (depth, heads, T, T), this image's row of the attention output.
+        grid: (rows, cols) of the patch grid (the manifest's ``attention.grid``).
+        preprocessor: the model's preprocessing (which region of the image the input covers).
+        caption: text for the top-left corner, e.g. "cat 0.93".
+        max_pixels: the decoded-size limit.
+
+    Returns:
+        PNG bytes, width x height = the image as displayed (after EXIF orientation).
+
+    Raises:
+        InvalidImage, PayloadTooLarge: as :func:`service.images.decode_image`.
+    """
+    decoded = decode_image(data, color_mode="RGB", max_pixels=max_pixels)
+    region = preprocessor.input_region(decoded.image.width, decoded.image.height)
+    heat = rollout_grid(attentions, grid)
+    return png_bytes(heatmap_image(decoded.image, heat, region, caption=caption))
