@@ -32,6 +32,9 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint.add_argument("checkpoint", type=Path)
     checkpoint.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
     checkpoint.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    checkpoint.add_argument(
+        "--no-attention", action="store_true", help="a ViT without its attention output (no ?render=png)"
+    )
     hf = commands.add_parser("hf", help="import a Hugging Face transformers checkpoint folder (save_pretrained)")
     hf.add_argument("folder", type=Path, help="holds config.json, preprocessor_config.json and the weights")
     hf.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
@@ -40,7 +43,7 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
     if args.command == "checkpoint":
-        manifest = export_checkpoint(args.checkpoint, args.to, opset=args.opset)
+        manifest = export_checkpoint(args.checkpoint, args.to, opset=args.opset, attention=not args.no_attention)
         for extra in ("metrics.json", "training_curves.png"):
             if (args.checkpoint.parent / extra).exists():
                 shutil.copy(args.checkpoint.parent / extra, args.to / extra)

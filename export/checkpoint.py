@@ -6,26 +6,79 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from torch import nn
 
 from export import evaluate
 from export.onnx_export import export_onnx, parity
+from models.cnn import CNN, CNNConfig
 from models.datasets import load_digits_splits
 from models.vit import ViT, ViTConfig
-from service.manifest import SCHEMA_VERSION, ExportInfo, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+from service.manifest import (
+    SCHEMA_VERSION,
+    AttentionSpec,
+    ExportInfo,
+    Manifest,
+    Preprocessing,
+    Provenance,
+    Size,
+    TensorSpec,
+    write_manifest,
+)
 from service.preprocess import Preprocessor
 
 
 def _test_split(dataset: str):
     if dataset == "digits":
         return load_digits_splits()[1]
+    if dataset == "cifar10":
+        from models.cifar import load_split
+
+        return load_split("test")
     raise ValueError(f"no test split known for dataset {dataset!r}")
 
 
-def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int) -> Manifest:
-    """Export a classifier checkpoint and write its manifest (a DETR checkpoint goes to :mod:`export.detr`).
+class WithAttention(nn.Module):
+    """A ViT whose graph outputs ``logits`` (B, num_classes) and ``attentions`` (B, depth, heads, T, T)."""
 
-    Parity is measured on real test images at batch sizes 1 and 7; the test accuracy is
-    measured on the whole test split through ONNX Runtime with the server's preprocessing.
+    def __init__(self, vit: ViT) -> None:
+        super().__init__()
+        self.vit = vit
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.vit(images, return_attention=True)
+
+
+def _model(checkpoint: dict) -> nn.Module:
+    if checkpoint["architecture"] == "vit":
+        model: nn.Module = ViT(ViTConfig(**checkpoint["config"]))
+    elif checkpoint["architecture"] == "cnn":
+        model = CNN(CNNConfig(**checkpoint["config"]))
+    else:
+        raise ValueError(f"unknown architecture {checkpoint['architecture']!r}")
+    model.load_state_dict(checkpoint["state_dict"])
+    return model.eval()
+
+
+def _description(model: nn.Module, dataset: str) -> str:
+    if isinstance(model, CNN):
+        return f"CNN ({len(model.config.channels)} conv layers, {model.config.channels[-1]} wide) trained on {dataset}"
+    c = model.config
+    stem = ", conv stem" if c.stem == "conv" else ""
+    patches = f"{c.patch_size}x{c.patch_size} patches{stem}"
+    return f"ViT ({c.hidden_size} wide, {c.depth} blocks, {patches}) trained on {dataset}"
+
+
+def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention: bool = True) -> Manifest:
+    """Export a classifier checkpoint and write its manifest.
+
+    Parity is measured on real test images at batch sizes 1 and 7 (every output); the test
+    accuracy is measured on the whole test split through ONNX Runtime with the server's
+    preprocessing.
+
+    Args:
+        attention: for a ViT, add every block's attention weights as a second output,
+            ``attentions`` (B, depth, heads, T, T), recorded in the manifest's ``attention``
+            (the server draws attention rollout from it).
 
     Raises:
         ParityError: ONNX Runtime and PyTorch differ by more than 1e-4.
@@ -36,29 +89,27 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int) -> Manife
         from export.detr import export_detr
 
         return export_detr(checkpoint, out, opset=opset)
-    if checkpoint["architecture"] != "vit":
-        raise ValueError(f"unknown architecture {checkpoint['architecture']!r}")
-    model = ViT(ViTConfig(**checkpoint["config"]))
-    model.load_state_dict(checkpoint["state_dict"])
-    model.eval()
+    model = _model(checkpoint)
+    attention = attention and isinstance(model, ViT)
+    graph = WithAttention(model).eval() if attention else model
+    outputs = ("logits", "attentions") if attention else ("logits",)
 
     preprocessing = Preprocessing.model_validate(checkpoint["preprocessing"])
     test = _test_split(checkpoint["dataset"])
     preprocess = Preprocessor(preprocessing)
     inputs = torch.from_numpy(np.stack([preprocess(evaluate.pil_image(p)) for p in test.images[:7]]))  # (7, C, H, W)
     path = out / "model.onnx"
-    export_onnx(model, inputs[:2], path, output_names=("logits",), opset=opset)
-    diffs = parity(model, path, [inputs[:1], inputs])
+    export_onnx(graph, inputs[:2], path, output_names=outputs, opset=opset)
+    diffs = parity(graph, path, [inputs[:1], inputs])
     onnx_accuracy = evaluate.accuracy(path, preprocessing, test)
 
     c, h, w = preprocess.output_shape
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
         task="classification",
-        description=f"ViT ({model.config.hidden_size} wide, {model.config.depth} blocks, "
-        f"{model.config.patch_size}x{model.config.patch_size} patches) trained on {checkpoint['dataset']}",
+        description=_description(model, checkpoint["dataset"]),
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, h, w]),
-        outputs=["logits"],
+        outputs=list(outputs),
         preprocessing=preprocessing,
         labels=checkpoint["labels"],
         provenance=Provenance(
@@ -69,6 +120,11 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int) -> Manife
                 "test_accuracy_pytorch": checkpoint["metrics"]["test_accuracy"],
                 "test_images": float(len(test.labels)),
                 "train_seconds": checkpoint["metrics"]["train_seconds"],
+                **{
+                    key: float(checkpoint["metrics"][key])
+                    for key in ("wall_seconds", "train_images_per_second", "parameters", "epochs")
+                    if key in checkpoint["metrics"]
+                },
             },
             export=ExportInfo(
                 exporter="torch.onnx.export(dynamo=True)",
@@ -76,7 +132,14 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int) -> Manife
                 torch_version=torch.__version__,
                 parity_max_abs_diff=diffs,
             ),
+            notes=f"trained on {checkpoint['metrics']['device']}" if "device" in checkpoint["metrics"] else "",
         ),
+        attention=AttentionSpec(
+            output="attentions",
+            grid=Size(height=h // model.config.patch_size, width=w // model.config.patch_size),
+        )
+        if attention
+        else None,
     )
     write_manifest(manifest, out / "model.json")
     return manifest

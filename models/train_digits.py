@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
+from models import cnn
 from models.datasets import DIGITS_LABELS, load_digits_splits
 from models.training import plot_curves, seed_everything, warmup_cosine, write_json
 from models.vit import CONFIGS, ViT, config_dict
@@ -65,6 +66,7 @@ def train(
     weight_decay: float = 0.05,
     position_embedding: bool = True,
     train_size: int | None = None,
+    architecture: str = "vit",
     quiet: bool = False,
 ) -> dict[str, float]:
     """Train, evaluate on the test split, and write the checkpoint, metrics and curves.
@@ -73,6 +75,8 @@ def train(
         out: output folder.
         position_embedding: False for the reference ablation.
         train_size: train on the first N (stratification kept by the split) images only.
+        architecture: "vit", or "cnn" for the reference CNN (``models.cnn.CONFIGS["digits"]``)
+            trained with the same recipe.
 
     Returns:
         The metrics written to ``metrics.json``.
@@ -84,15 +88,20 @@ def train(
         x_train, y_train = x_train[:train_size], y_train[:train_size]
     x_test, y_test = to_tensor(test_split.images), torch.from_numpy(test_split.labels)
 
-    config = replace(CONFIGS["digits"], position_embedding=position_embedding)
-    model = ViT(config)
+    if architecture == "cnn":
+        model: nn.Module = cnn.build("digits")
+        config_json = cnn.config_dict(model.config)
+    else:
+        config = replace(CONFIGS["digits"], position_embedding=position_embedding)
+        model = ViT(config)
+        config_json = config_dict(config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps, warmup_steps))
     loss_fn = nn.CrossEntropyLoss()
 
     history: dict[str, list[tuple[float, float]]] = {"train loss": [], "test accuracy": [], "learning rate": []}
     started, step = time.perf_counter(), 0
-    progress = tqdm(total=steps, desc="vit-digits", disable=quiet, file=sys.stderr, mininterval=1.0)
+    progress = tqdm(total=steps, desc=f"{architecture}-digits", disable=quiet, file=sys.stderr, mininterval=1.0)
     while step < steps:
         model.train()
         order = torch.randperm(len(x_train), generator=generator)
@@ -125,9 +134,9 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
     torch.save(
         {
-            "architecture": "vit",
+            "architecture": architecture,
             "dataset": "digits",
-            "config": config_dict(config),
+            "config": config_json,
             "state_dict": model.state_dict(),
             "labels": DIGITS_LABELS,
             "preprocessing": PREPROCESSING,
@@ -140,7 +149,10 @@ def train(
     )
     write_json(metrics, out / "metrics.json")
     plot_curves(
-        history, out / "training_curves.png", f"ViT digits (seed {seed}): test accuracy {metrics['test_accuracy']:.3f}"
+        history,
+        out / "training_curves.png",
+        f"{'CNN' if architecture == 'cnn' else 'ViT'} digits (seed {seed}): "
+        f"test accuracy {metrics['test_accuracy']:.3f}",
     )
     return metrics
 
