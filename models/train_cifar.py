@@ -228,11 +228,12 @@ def train(
             loss.backward()
             optimizer.step()
             schedule.step()
-            loss_sum += loss.detach()
+            loss = loss.detach()
+            loss_sum += loss
             if not quiet and (i + 1) % 50 == 0:
                 rate = (i + 1) * batch_size / (time.perf_counter() - epoch_started)
                 log.info(
-                    "epoch %d step %d/%d loss %.3f (%.0f img/s)", epoch + 1, i + 1, steps_per_epoch, float(loss), rate
+                    "epoch %d step %d/%d loss %.3f (%.0f img/s)", epoch + 1, i + 1, steps_per_epoch, loss.item(), rate
                 )
         epoch_seconds = time.perf_counter() - epoch_started
         train_seconds += epoch_seconds

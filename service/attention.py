@@ -15,7 +15,6 @@ import io
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from service.images import decode_image
 from service.preprocess import Preprocessor
 
 # Anchors of a dark-to-bright colour map (close to matplotlib's "inferno"), interpolated to 256.
@@ -145,35 +144,33 @@ def png_bytes(image: Image.Image) -> bytes:
 
 
 def render_png(
-    data: bytes,
+    image: Image.Image,
+    size: tuple[int, int],
     attentions: np.ndarray,
     grid: tuple[int, int],
     preprocessor: Preprocessor,
     *,
     caption: str,
-    max_pixels: int,
 ) -> bytes:
-    """The attention-rollout picture of one uploaded image, as PNG of its displayed size.
+    """The attention-rollout picture of one image, as PNG of its displayed size.
 
-    Blocking (decodes and encodes): run it in the decode thread pool. The upload is decoded
-    again at full resolution (the request path may have draft-decoded a JPEG smaller), in
-    its displayed orientation, in RGB whatever the model's colour mode.
+    Blocking (resizes and encodes): run it in the decode thread pool.
 
     Args:
-        data: the uploaded file's bytes.
+        image: the decoded image (EXIF orientation applied), any mode; resized to ``size``
+            when it was decoded smaller (a JPEG in draft mode).
+        size: (width, height) of the image as the client displays it, in pixels.
         attentions: float32 (depth, heads, T, T), this image's row of the attention output.
         grid: (rows, cols) of the patch grid (the manifest's ``attention.grid``).
         preprocessor: the model's preprocessing (which region of the image the input covers).
         caption: text for the top-left corner, e.g. "cat 0.93".
-        max_pixels: the decoded-size limit.
 
     Returns:
-        PNG bytes, width x height = the image as displayed (after EXIF orientation).
-
-    Raises:
-        InvalidImage, PayloadTooLarge: as :func:`service.images.decode_image`.
+        PNG bytes of an RGB picture of ``size``.
     """
-    decoded = decode_image(data, color_mode="RGB", max_pixels=max_pixels)
-    region = preprocessor.input_region(decoded.image.width, decoded.image.height)
+    canvas = image.convert("RGB")
+    if canvas.size != tuple(size):
+        canvas = canvas.resize(size, Image.Resampling.BILINEAR)
+    region = preprocessor.input_region(*size)
     heat = rollout_grid(attentions, grid)
-    return png_bytes(heatmap_image(decoded.image, heat, region, caption=caption))
+    return png_bytes(heatmap_image(canvas, heat, region, caption=caption))

@@ -74,17 +74,15 @@ def test_heatmap_caption_and_png() -> None:
     assert np.asarray(decoded)[:4, :4].max() == 0  # the caption's black box in the top-left corner
 
 
-def test_render_png_has_the_displayed_size_of_a_rotated_jpeg() -> None:
-    buffer = io.BytesIO()
-    exif = Image.Exif()
-    exif[0x0112] = 6  # stored 60x30, displayed 30x60
-    Image.new("RGB", (60, 30), (10, 120, 200)).save(buffer, format="JPEG", exif=exif)
+def test_render_png_has_the_displayed_size_of_a_draft_decoded_image() -> None:
     spec = Preprocessing(
         color_mode="RGB", resize="center_crop", size={"height": 8, "width": 8}, mean=[0, 0, 0], std=[1, 1, 1]
     )
-    png = render_png(buffer.getvalue(), uniform(2, 2, 1 + 4), (2, 2), Preprocessor(spec), caption="", max_pixels=10**6)
+    small = Image.new("RGB", (15, 30), (10, 120, 200))  # decoded at half the displayed 30x60
+    png = render_png(small, (30, 60), uniform(2, 2, 1 + 4), (2, 2), Preprocessor(spec), caption="")
     picture = Image.open(io.BytesIO(png))
-    assert picture.format == "PNG" and picture.size == (30, 60)
+    assert picture.format == "PNG" and picture.mode == "RGB" and picture.size == (30, 60)
     pixels = np.asarray(picture).astype(int)
     # Centre crop of a 30x60 image: the middle 30x30 is the model's view; above and below are dimmed.
-    assert pixels[5, 15].sum() < pixels[30, 15].sum()
+    assert pixels[5, 15].tolist() == [round(10 * 0.35), round(120 * 0.35), round(200 * 0.35)]
+    assert pixels[30, 15].sum() > pixels[5, 15].sum()
