@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import torch
 
@@ -46,16 +48,33 @@ def test_without_positions_shuffling_changes_nothing_with_them_it_does() -> None
     assert (predict(no_pos, images) == predict(no_pos, shuffled)).all()
 
 
-def test_table_lists_every_experiment_beside_the_reference() -> None:
-    results = {
-        "seeds": [8],
-        "runs": {name: {"mean": 0.5, "std": 0.0} for name in ("vit", "vit-no-pos", "vit-150", "cnn-150")},
+def fake_results(seeds: list[int], changed: list[int]) -> dict:
+    accuracy = {seed: 0.5 + 0.1 * i for i, seed in enumerate(seeds)}
+    values = list(accuracy.values())
+    run = {"test_accuracy": accuracy, "mean": float(np.mean(values)), "std": float(np.std(values))}
+    return {
+        "seeds": seeds,
+        "runs": {name: run for name in ("vit", "vit-no-pos", "vit-150", "cnn-150")},
         "shuffle": {
-            "vit": {8: {"changed": 300, "images": 360}},
-            "vit-no-pos": {8: {"changed": 0, "images": 360}},
+            "vit": {seed: {"changed": c, "images": 360} for seed, c in zip(seeds, changed, strict=True)},
+            "vit-no-pos": {seed: {"changed": 0, "images": 360} for seed in seeds},
         },
     }
-    text = table(results)
+
+
+def test_table_lists_every_experiment_beside_the_reference() -> None:
+    text = table(fake_results([8], [300]))
     assert text.count("\n") == 7  # header, rule, 4 accuracies, 2 shuffle rows
     assert "| 300 of 360 | 304 of 360 change |" in text and "| 0 of 360 | none change |" in text
-    assert REFERENCE["vit-no-pos"] in text and "seed 8" in text
+    assert REFERENCE["vit-no-pos"] in text and "| seed 8 |" in text
+    assert "| 0.500 | 0.725 |" in text
+
+
+def test_table_with_several_seeds_shows_the_first_and_the_mean() -> None:
+    results = fake_results([8, 0], [300, 310])
+    text = table(results)
+    assert "| seed 8 | 2 seeds (8, 0) | reference |" in text
+    assert "| 0.500 | 0.550 ± 0.050 | 0.725 |" in text
+    assert "| 300 of 360 | 300 / 310 of 360 | 304 of 360 change |" in text
+    as_json = json.loads(json.dumps(results))  # seeds become string keys when read back
+    assert table(as_json) == text
