@@ -2,7 +2,7 @@
 
 It is the inductive-bias control of the ViT experiments: locality and translation
 equivariance built in, so it learns from little data what the ViT must learn from data
-(Dosovitskiy et al. 2021, Section 4.2). Each layer is a 3x3 conv (no bias) + BatchNorm +
+(Dosovitskiy et al. 2021, Section 4.3). Each layer is a 3x3 conv (no bias) + BatchNorm +
 ReLU, with a 2x2 max-pool after the layers listed in ``pool_after``; then global average
 pooling and a linear head.
 """

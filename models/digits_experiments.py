@@ -14,8 +14,8 @@ CPU thread (these models are too small to gain from more; ~4 minutes for all 20 
 
 Then the patch-shuffle test on the first two: every test image has its 16 patches (2x2
 pixels each) permuted at random and is classified again. Without position embeddings the
-class token cannot tell the order of its inputs (self-attention is permutation-equivariant,
-Dosovitskiy et al. 2021, Section 3.1), so no prediction may change; with them most do
+class token cannot tell the order of its inputs (self-attention is permutation-equivariant;
+Dosovitskiy et al. 2021, Appendix D.4), so no prediction may change; with them most do
 (reference: 304 of 360).
 
 Writes ``results.json``, ``results.md`` (the README's table), and ``<run>/seed-<n>/metrics.json``
