@@ -55,7 +55,7 @@ async def test_every_status_is_declared_with_its_media_type() -> None:
     paths = (await _document())["paths"]
     responses = paths[CLASSIFY]["post"]["responses"]
     assert set(responses) == {"200", "400", "401", "404", "408", "413", "415", "422", "500", "503", "504"}
-    assert set(responses["200"]["content"]) == {"application/json"}
+    assert set(responses["200"]["content"]) == {"application/json", "image/png"}  # render=png: the heat map
     for status in set(responses) - {"200"}:
         assert set(responses[status]["content"]) == {"application/problem+json"}, status
     assert "Retry-After" in responses["503"]["headers"] and "WWW-Authenticate" in responses["401"]["headers"]

@@ -94,6 +94,14 @@ async def _serve(
     return response
 
 
+def _png_responses(schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
+    """The image routes' responses, with a PNG (``render=png``) beside the JSON 200."""
+    responses = image_responses(schema)
+    ok = responses[200]
+    responses[200] = {**ok, "content": {**ok["content"], **PNG_CONTENT}}
+    return responses
+
+
 @router.post(
     "/{name}/classify",
     summary="Classify one or more images",
@@ -147,14 +155,6 @@ async def classify(
 
     encode = heat_map if _wants_png(request, render_as) else None
     return await _serve(request, state, repository, name, version, "classification", render, encode)
-
-
-def _png_responses(schema: dict[str, Any]) -> dict[int | str, dict[str, Any]]:
-    """The image routes' responses, with a PNG (``render=png``) beside the JSON 200."""
-    responses = image_responses(schema)
-    ok = responses[200]
-    responses[200] = {**ok, "content": {**ok["content"], **PNG_CONTENT}}
-    return responses
 
 
 def _wants_png(request: Request, render_as: str | None) -> bool:
