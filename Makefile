@@ -65,7 +65,8 @@ models: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_cifar --arch cnn --out runs/cnn-cifar10
 	mkdir -p docs/cnn-cifar10 && cp runs/cnn-cifar10/metrics.json runs/cnn-cifar10/training_curves.png docs/cnn-cifar10/
 	$(DEV_VENV)/bin/python -m models.digits_experiments --out docs/digits-experiments
-	$(DEV_VENV)/bin/python examples/classify_photo.py examples/chelsea.png
+	$(DEV_VENV)/bin/python examples/render.py examples/chelsea.png
+	$(DEV_VENV)/bin/python examples/render.py examples/canvas.png --model detr-digits --route detect
 
 lint: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/ruff check .

@@ -1,10 +1,11 @@
-"""Classify a photo and draw its attention-rollout heat map, as the README shows them.
+"""Classify a photo with its attention-rollout heat map, or detect objects with their boxes drawn, as the README shows.
 
-    .venv/bin/python examples/classify_photo.py examples/chelsea.png
+    .venv/bin/python examples/render.py examples/chelsea.png
+    .venv/bin/python examples/render.py examples/canvas.png --model detr-digits --route detect
 
-runs the server in process (the committed model repository, CPU), POSTs the photo to
-``/v1/models/<model>/classify`` twice, for JSON and with ``?render=png``, and writes
-``<photo>.<model>.json`` and ``<photo>.<model>.png`` beside the photo. ``--url`` sends the
+runs the server in process (the committed model repository, CPU), POSTs the image to
+``/v1/models/<model>/<route>`` twice, for JSON and with ``?render=png``, and writes
+``<image>.<model>.json`` and ``<image>.<model>.png`` beside the image. ``--url`` sends the
 requests to a running server instead (``make serve``).
 """
 
@@ -20,14 +21,14 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 
 
-async def classify(photo: Path, model: str, url: str | None, top_k: int) -> tuple[dict, bytes]:
+async def render(photo: Path, model: str, route: str, url: str | None, params: dict) -> tuple[dict, bytes]:
     """(JSON response, PNG bytes) for ``photo`` from a running server at ``url``, or an in-process one."""
-    path = f"/v1/models/{model}/classify"
+    path = f"/v1/models/{model}/{route}"
     files = {"image": (photo.name, photo.read_bytes())}
     if url is not None:
         async with httpx.AsyncClient(base_url=url, timeout=60) as client:
-            result = await client.post(path, files=files, params={"top_k": top_k})
-            picture = await client.post(path, files=files, params={"render": "png"})
+            result = await client.post(path, files=files, params=params)
+            picture = await client.post(path, files=files, params={**params, "render": "png"})
     else:
         from service.app import create_app
         from service.settings import Settings
@@ -38,8 +39,8 @@ async def classify(photo: Path, model: str, url: str | None, top_k: int) -> tupl
             async with httpx.AsyncClient(transport=transport, base_url="http://in-process", timeout=60) as client:
                 while (await client.get("/readyz")).status_code != 200:
                     await asyncio.sleep(0.05)
-                result = await client.post(path, files=files, params={"top_k": top_k})
-                picture = await client.post(path, files=files, params={"render": "png"})
+                result = await client.post(path, files=files, params=params)
+                picture = await client.post(path, files=files, params={**params, "render": "png"})
     result.raise_for_status()
     picture.raise_for_status()
     return result.json(), picture.content
@@ -49,10 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("photo", type=Path)
     parser.add_argument("--model", default="vit-cifar10")
-    parser.add_argument("--top-k", type=int, default=3)
+    parser.add_argument("--route", choices=["classify", "detect"], default="classify")
+    parser.add_argument("--top-k", type=int, default=3, help="classify: classes returned")
+    parser.add_argument("--threshold", type=float, default=0.7, help="detect: lowest score returned")
     parser.add_argument("--url", default=None, help="a running server, e.g. http://127.0.0.1:8000")
     args = parser.parse_args(argv)
-    body, png = asyncio.run(classify(args.photo, args.model, args.url, args.top_k))
+    params = {"top_k": args.top_k} if args.route == "classify" else {"threshold": args.threshold}
+    body, png = asyncio.run(render(args.photo, args.model, args.route, args.url, params))
     stem = args.photo.with_suffix("")
     Path(f"{stem}.{args.model}.json").write_text(json.dumps(body) + "\n")
     Path(f"{stem}.{args.model}.png").write_bytes(png)

@@ -1,0 +1,70 @@
+"""The committed CIFAR-10 ViT: its manifest's accuracy recomputed, and where its attention rollout looks."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from PIL import Image
+
+from service.attention import rollout_grid
+from service.manifest import load_manifest
+from service.preprocess import Preprocessor
+from tests.conftest import MODEL_REPOSITORY
+
+COMMITTED = MODEL_REPOSITORY / "vit-cifar10" / "1"
+
+
+@pytest.fixture(scope="module")
+def model():
+    manifest = load_manifest(COMMITTED / "model.json")
+    session = ort.InferenceSession(str(COMMITTED / "model.onnx"), providers=["CPUExecutionProvider"])
+    return manifest, session
+
+
+def one_patch_image(row: int, col: int, patch: int, seed: int) -> Image.Image:
+    """A 32x32 flat grey image whose only content is random colour noise in patch (row, col)."""
+    pixels = np.full((32, 32, 3), 120, np.uint8)
+    noise = np.random.default_rng(seed).integers(0, 256, (patch, patch, 3), dtype=np.uint8)
+    pixels[patch * row : patch * (row + 1), patch * col : patch * (col + 1)] = noise
+    return Image.fromarray(pixels)
+
+
+def test_the_manifest_declares_the_attention_output_and_the_crop_policy(model) -> None:
+    manifest, session = model
+    assert manifest.preprocessing.resize == "center_crop"
+    assert manifest.attention is not None and manifest.attention.grid.height == manifest.attention.grid.width == 4
+    assert [o.name for o in session.get_outputs()] == manifest.outputs == ["logits", "attentions"]
+    assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
+
+
+@pytest.mark.parametrize(("row", "col"), [(r, c) for r in range(4) for c in range(4)])
+def test_rollout_peaks_on_the_only_patch_with_content(model, row: int, col: int) -> None:
+    manifest, session = model
+    grid = (manifest.attention.grid.height, manifest.attention.grid.width)
+    preprocess = Preprocessor(manifest.preprocessing)
+    x = preprocess(one_patch_image(row, col, 32 // grid[1], seed=row * 8 + col))[None]  # (1, 3, 32, 32)
+    _, attentions = session.run(None, {manifest.input.name: x})
+    heat = rollout_grid(attentions[0], grid)
+    assert np.unravel_index(np.argmax(heat), heat.shape) == (row, col)
+
+
+@pytest.mark.slow
+def test_manifest_accuracy_is_recomputed_from_the_committed_graph(model) -> None:
+    from export import evaluate
+    from models.cifar import find_archive, load_split
+
+    try:
+        find_archive()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    manifest, _ = model
+    test = load_split("test")
+    assert len(test.labels) == 10_000
+    recomputed = evaluate.accuracy(COMMITTED / "model.onnx", manifest.preprocessing, test)
+    assert abs(recomputed - manifest.provenance.metrics["test_accuracy"]) <= 0.002
+    assert recomputed >= 0.75
