@@ -10,6 +10,10 @@ run's ``metrics.json`` and ``training_curves.png`` beside them.
 
 imports a Hugging Face transformers ``save_pretrained`` folder (ViT, DeiT, DETR without timm;
 needs the ``hf`` extra), with preprocessing and labels from the checkpoint's own configs.
+
+    python -m export random vit-ti16 --to bench/.work/model_repository/vit-ti16-random/1
+
+exports a named ViT config with random weights (for benchmarks only; never committed).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from export.checkpoint import export_checkpoint
 from export.onnx_export import DEFAULT_OPSET
+from export.random_weights import export_random
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -39,6 +44,12 @@ def main(argv: list[str] | None = None) -> None:
     hf.add_argument("folder", type=Path, help="holds config.json, preprocessor_config.json and the weights")
     hf.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
     hf.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    random = commands.add_parser("random", help="export a named ViT config with random weights (benchmarks only)")
+    random.add_argument("config", help="a models.vit config name, e.g. vit-ti16, vit-b16")
+    random.add_argument("--to", type=Path, required=True, help="<repository>/<name>/<version>")
+    random.add_argument("--num-classes", type=int, default=1000)
+    random.add_argument("--seed", type=int, default=0)
+    random.add_argument("--opset", type=int, default=DEFAULT_OPSET)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -63,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
             f"input {manifest.input.shape}, {len(manifest.labels)} labels, "
             f"parity max |ORT - transformers| by batch size {manifest.provenance.export.parity_max_abs_diff}"
         )
+    elif args.command == "random":
+        manifest = export_random(args.config, args.to, num_classes=args.num_classes, seed=args.seed, opset=args.opset)
+        print(f"wrote {args.to}: {manifest.description}; parity {manifest.provenance.export.parity_max_abs_diff}")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,82 @@
+"""A named ViT config with random weights -> ``model.onnx`` + ``model.json``, for benchmarks.
+
+    python -m export random vit-ti16 --to bench/.work/model_repository/vit-ti16-random/1
+
+The graph has the architecture and cost of the real model (ViT-Ti/16 at 224: 5.7 M
+parameters, 1.26 GFLOPs per image) and predicts nothing useful: its manifest says so
+(``provenance.training_data``), has no metrics, and must never be committed or served as a
+model. The export goes through the same path as a trained checkpoint (dynamo exporter,
+``onnx.checker``, parity with PyTorch at batch 1 and 7).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from export.onnx_export import export_onnx, parity
+from models.vit import CONFIGS, build
+from service.manifest import SCHEMA_VERSION, ExportInfo, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+
+# The Hugging Face ViTImageProcessor's defaults (google/vit-base-patch16-224): stretch, bilinear, mean = std = 0.5.
+HF_VIT_MEAN = HF_VIT_STD = [0.5, 0.5, 0.5]
+
+
+def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int = 0, opset: int) -> Manifest:
+    """Export ``models.vit.CONFIGS[config]`` with random (seeded, timm-style) weights.
+
+    Args:
+        config: a ViT config name, e.g. "vit-ti16" or "vit-b16".
+        out: the model version folder to write (``<repository>/<name>/<version>``).
+        num_classes: outputs of the head; labels are "class_0" ... .
+        seed: torch's seed for the initialisation and the parity inputs.
+        opset: ONNX opset.
+
+    Returns:
+        The manifest written beside the graph.
+
+    Raises:
+        ValueError: an unknown config name.
+        ParityError: ONNX Runtime and PyTorch differ by more than 1e-4.
+    """
+    if config not in CONFIGS:
+        raise ValueError(f"unknown ViT config {config!r}; known: {sorted(CONFIGS)}")
+    torch.manual_seed(seed)
+    model = build(config, num_classes=num_classes).eval()
+    c, size = model.config.in_channels, model.config.image_size
+    inputs = torch.randn(7, c, size, size)  # (7, C, H, W), roughly the scale of normalised pixels
+    path = out / "model.onnx"
+    export_onnx(model, inputs[:2], path, output_names=("logits",), opset=opset)
+    diffs = parity(model, path, [inputs[:1], inputs])
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        task="classification",
+        description=f"{config} ({model.config.hidden_size} wide, {model.config.depth} blocks, "
+        f"{model.config.patch_size}x{model.config.patch_size} patches, {size}x{size}) with RANDOM weights: "
+        "for benchmarks only, its predictions mean nothing",
+        input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, size, size]),
+        outputs=["logits"],
+        preprocessing=Preprocessing(
+            color_mode="RGB" if c == 3 else "L",
+            size={"height": size, "width": size},
+            interpolation="bilinear",
+            mean=HF_VIT_MEAN[:c],
+            std=HF_VIT_STD[:c],
+        ),
+        labels=[f"class_{i}" for i in range(num_classes)],
+        provenance=Provenance(
+            training_data=f"none: random weights (timm-style initialisation, torch seed {seed})",
+            recipe=f"python -m export random {config} --to {out} --seed {seed}",
+            metrics={},
+            export=ExportInfo(
+                exporter="torch.onnx.export(dynamo=True)",
+                opset=opset,
+                torch_version=torch.__version__,
+                parity_max_abs_diff=diffs,
+            ),
+            notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",
+        ),
+    )
+    write_manifest(manifest, out / "model.json")
+    return manifest
