@@ -14,6 +14,11 @@ needs the ``hf`` extra), with preprocessing and labels from the checkpoint's own
     python -m export random vit-ti16 --to bench/.work/model_repository/vit-ti16-random/1
 
 exports a named ViT config with random weights (for benchmarks only; never committed).
+
+    python -m export fp16 model_repository/vit-digits/1 --to runs/vit-digits-fp16/1 --digits-test
+
+writes a float16 copy of an exported model and measures its top-1 agreement with float32 on
+the CPU (``export/fp16.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import logging
 import shutil
 from pathlib import Path
 
+from export import fp16
 from export.checkpoint import export_checkpoint
 from export.onnx_export import DEFAULT_OPSET
 from export.random_weights import export_random
@@ -50,6 +56,12 @@ def main(argv: list[str] | None = None) -> None:
     random.add_argument("--num-classes", type=int, default=1000)
     random.add_argument("--seed", type=int, default=0)
     random.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    half = commands.add_parser("fp16", help="a float16 copy of an exported model, top-1 agreement measured on CPU")
+    half.add_argument("model", type=Path, help="<repository>/<name>/<version> to convert")
+    half.add_argument("--to", type=Path, required=True, help="where to write the float16 model version")
+    half.add_argument("--images", type=Path, nargs="*", default=[], help="images, folders or .zip to measure on")
+    half.add_argument("--limit", type=int, default=1000, help="most images measured from --images")
+    half.add_argument("--digits-test", action="store_true", help="measure on the digits test split (360 images)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
 
@@ -77,6 +89,16 @@ def main(argv: list[str] | None = None) -> None:
     elif args.command == "random":
         manifest = export_random(args.config, args.to, num_classes=args.num_classes, seed=args.seed, opset=args.opset)
         print(f"wrote {args.to}: {manifest.description}; parity {manifest.provenance.export.parity_max_abs_diff}")
+    elif args.command == "fp16":
+        if args.digits_test:
+            inputs, data = fp16.digits_test_inputs(args.model), "the scikit-learn digits test split"
+        elif args.images:
+            payloads = fp16.image_files(args.images, args.limit)
+            inputs, data = fp16.preprocess_all(args.model, payloads), ", ".join(map(str, args.images))
+        else:
+            parser.error("fp16 needs --images or --digits-test to measure the agreement on")
+        agreement = fp16.export_fp16(args.model, args.to, inputs, data=data)
+        print(f"wrote {args.to}: top-1 agreement with float32 on {len(inputs)} images: {agreement:.4f}")
 
 
 if __name__ == "__main__":
