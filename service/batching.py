@@ -17,10 +17,15 @@ queued at its deadline gets 504 there and then, even while the runner is busy; a
 (client gone) leaves at once. Neither is computed: the last check before stacking drops any
 that expired or were cancelled in between.
 
-**Stack, run, check/split, answer.** One (B, C, H, W) array, one call of the model in this
-batcher's own thread, every output checked for one row per input, then split. A failing batch
+**Stack, run, check/split, answer.** The inputs are stacked straight into the runner's
+preallocated (B, C, H, W) buffer (:mod:`service.batch_arrays`), the model is called once in the
+runner's own thread, every output is checked for one row per input, then split. A failing batch
 fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
 request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
+
+**Instances.** Given N runners (N sessions of one model: Triton's instance count), one batcher
+feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
+in flight at once. With one runner, a batch is collected only once the previous one has run.
 
 Times are seconds on an injectable :class:`Clock`, so tests drive the loop without waiting.
 """
@@ -39,6 +44,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import metrics
+from service.batch_arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
 from service.clock import Clock, MonotonicClock, Timer
 from service.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
@@ -115,46 +121,13 @@ class _Request:
         return self.queued and not self.future.done()
 
 
-class BatchOutputMismatch(Exception):
-    """The model returned no outputs, or an output without one row per input."""
-
-
-def stack_inputs(inputs: Sequence[np.ndarray]) -> np.ndarray:
-    """Build one batch: B arrays (C, H, W) of one shape and dtype -> one array (B, C, H, W).
-
-    The one place a batch's input array is made (the place to write into a preallocated buffer).
-    """
-    return np.stack(inputs)
-
-
-def split_outputs(outputs: Mapping[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:
-    """Check that every output has one row per input, then split them into per-input rows.
-
-    Args:
-        outputs: each output by name, batch axis first (B, ...).
-        batch_size: B, the number of inputs that were run.
-
-    Returns:
-        ``batch_size`` dicts, input i's row of every output (views, batch axis removed).
-
-    Raises:
-        BatchOutputMismatch: no outputs, or an output whose first axis is not ``batch_size``.
-    """
-    if not outputs:
-        raise BatchOutputMismatch("the model returned no outputs")
-    for name, value in outputs.items():
-        rows = value.shape[0] if getattr(value, "ndim", 0) >= 1 else None
-        if rows != batch_size:
-            raise BatchOutputMismatch(f"output {name!r} has {rows} rows for a batch of {batch_size} inputs")
-    return [{name: value[i] for name, value in outputs.items()} for i in range(batch_size)]
-
-
 class Batcher:
-    """Collects inputs of one shape into batches and runs them one batch at a time.
+    """Collects inputs of one shape into batches and runs them, one batch at a time per runner.
 
     Args:
         run: the model, ``(B, C, H, W) float32 -> {output name: (B, ...)}``; blocking, called
-            from this batcher's own thread.
+            from a thread of this batcher's own. Or a sequence of N such runners (N instances
+            of the model): up to N batches are then in flight at once, one per runner.
         config: the batching knobs.
         model, version: the model version it serves (metric labels, logs, thread names).
         clock: the time source and timers (tests inject a manual one).
@@ -162,14 +135,16 @@ class Batcher:
 
     def __init__(
         self,
-        run: RunFn,
+        run: RunFn | Sequence[RunFn],
         config: BatchingConfig,
         *,
         model: str = "model",
         version: str = "1",
         clock: Clock | None = None,
     ) -> None:
-        self._run = run
+        self._runners: list[RunFn] = [run] if callable(run) else list(run)
+        if not self._runners:
+            raise ValueError("a batcher needs at least one runner")
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
@@ -180,15 +155,26 @@ class Batcher:
         self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
         self._queue: deque[_Request] = deque()  # arrival order; answered requests are purged lazily
         self._queued = 0  # requests holding a place in the queue
-        self._in_flight: list[_Request] = []
+        self._in_flight: dict[asyncio.Task[None], list[_Request]] = {}  # running batches
+        self._idle_runners = list(reversed(range(len(self._runners))))  # runner 0 is used first
+        self._fatal: BaseException | None = None  # what killed a batch and so the loop
         self._wake = asyncio.Event()  # set on every change that can make a batch due
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}")
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}-{i}")
+            for i in range(len(self._runners))
+        ]
+        self._buffers = [BatchBuffers(config.max_batch_size) for _ in self._runners]
         self._task: asyncio.Task[None] | None = None
 
     @property
     def running(self) -> bool:
         """True while the batching loop is alive."""
         return self._task is not None and not self._task.done()
+
+    @property
+    def instances(self) -> int:
+        """How many runners (model instances) this batcher feeds."""
+        return len(self._runners)
 
     @property
     def queued(self) -> int:
@@ -222,7 +208,8 @@ class Batcher:
             await asyncio.wait({self._task})
             if not self._task.cancelled() and self._task.exception() is not None:
                 log.warning("model %s: the batching loop had died: %r", self.name, self._task.exception())
-        await asyncio.to_thread(self._executor.shutdown, wait=True)  # a run in progress ends on its own
+        for executor in self._executors:  # a run in progress ends on its own
+            await asyncio.to_thread(executor.shutdown, wait=True)
 
     async def submit(self, x: np.ndarray, *, deadline: float | None = None) -> InferenceResult:
         """Queue one input and wait for its row of the batch's outputs.
@@ -265,26 +252,19 @@ class Batcher:
     # The loop: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
     async def _loop(self) -> None:
-        loop = asyncio.get_running_loop()
         stopped_by: ProblemError = Unavailable(f"model {self.name}: the server is shutting down")
         try:
             while True:
+                await self._until_a_runner_is_idle()
                 batch, reason = await self._collect()
                 batch = self._drop_expired_and_cancelled(batch)
                 if not batch:
                     continue
                 self._record_release(batch, reason)
-                self._in_flight = batch
-                started = self.clock.now()
-                try:
-                    inputs = stack_inputs([request.x for request in batch])  # (B, C, H, W)
-                    outputs = await loop.run_in_executor(self._executor, self._run, inputs)
-                    rows = split_outputs(outputs, len(batch))
-                except Exception as exc:  # this batch fails alone; the loop goes on
-                    self._fail(batch, exc)
-                else:
-                    self._answer(batch, rows, started, self.clock.now() - started)
-                self._in_flight = []
+                runner = self._idle_runners.pop()
+                task = asyncio.create_task(self._run_batch(runner, batch), name=f"batch-{self.name}-{runner}")
+                self._in_flight[task] = batch
+                task.add_done_callback(functools.partial(self._batch_done, runner))
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -294,9 +274,42 @@ class Batcher:
         finally:
             self._answer_everyone_left(stopped_by)
 
+    async def _run_batch(self, runner: int, batch: list[_Request]) -> None:
+        """Stack -> run -> check/split -> answer, for one batch on one runner."""
+        started = self.clock.now()
+        try:
+            first = batch[0].x
+            buffer = self._buffers[runner].get(first.shape, first.dtype, len(batch))
+            inputs = stack_inputs([request.x for request in batch], out=buffer)  # (B, C, H, W)
+            run = self._runners[runner]
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executors[runner], run, inputs)
+            rows = split_outputs(detach(outputs, buffer), len(batch))
+        except Exception as exc:  # this batch fails alone; the loop goes on
+            self._fail(batch, exc)
+        else:
+            self._answer(batch, rows, started, self.clock.now() - started)
+
+    def _batch_done(self, runner: int, task: asyncio.Task[None]) -> None:
+        """A batch's task ended: its runner is idle again; anything but an Exception kills the loop."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fatal = task.exception()  # its batch stays in flight, to be answered as the loop dies
+        else:
+            self._in_flight.pop(task, None)  # (gone already when the loop ended and cancelled it)
+        self._idle_runners.append(runner)
+        self._wake.set()
+
+    async def _until_a_runner_is_idle(self) -> None:
+        while not self._idle_runners or self._fatal is not None:
+            if self._fatal is not None:
+                raise self._fatal
+            self._wake.clear()
+            await self._wake.wait()
+
     async def _collect(self) -> tuple[list[_Request], str]:
         """Wait until a batch is due; take its requests out of the queue. Returns (batch, reason)."""
         while True:
+            if self._fatal is not None:
+                raise self._fatal
             if len(self._queue) > self._queued:  # forget requests taken, expired or cancelled
                 self._queue = deque(request for request in self._queue if request.queued)
             batch = self._head_batch()
@@ -335,7 +348,7 @@ class Batcher:
             return SIZE
         if self.clock.now() >= batch[0].enqueued + self.config.max_queue_delay:
             return DELAY
-        if self._queued == 1:  # we are collecting, so the runner is idle, and this is all there is
+        if self._queued == 1:  # we are collecting, so a runner is idle, and this is all there is
             return IDLE
         return None
 
@@ -406,11 +419,13 @@ class Batcher:
         )
 
     def _answer_everyone_left(self, in_flight_error: ProblemError) -> None:
-        """The loop is ending: answer the batch it was running and every queued request."""
-        for request in self._in_flight:
-            if not request.future.done():
-                request.future.set_exception(in_flight_error)
-        self._in_flight = []
+        """The loop is ending: answer the batches it was running and every queued request."""
+        for task, batch in self._in_flight.items():
+            task.cancel()  # a run in progress ends on its own, in its thread; nobody waits for it
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(in_flight_error)
+        self._in_flight = {}
         for request in self._queue:
             self._leave_queue(request)
             if not request.future.done():
