@@ -26,6 +26,7 @@ from service.manifest import ManifestError, load_manifest
 from service.metrics import MODEL_INFO
 from service.middleware import RequestIdMiddleware
 from service.repository import discover, load_repository
+from service.runtime import CudaOptions
 from service.settings import Settings, load_settings
 from service.state import ServerState
 
@@ -56,6 +57,10 @@ def _load_and_warm_up(state: ServerState) -> None:
         ),
         intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
+        intra_op_spinning=settings.intra_op_spinning,
+        io_binding=settings.io_binding,
+        cuda=CudaOptions(settings.cuda_device_id, settings.cudnn_conv_algo_search, settings.cuda_mem_limit),
+        instances=settings.instances,
     )
     for model in repository.all():
         if model.runner.providers.ok:

@@ -20,7 +20,7 @@ from service.batching import Batcher, BatchingConfig
 from service.errors import ModelNotFound, RepositoryError
 from service.manifest import Manifest, ManifestError, load_manifest
 from service.preprocess import Preprocessor
-from service.runtime import OrtRunner
+from service.runtime import CudaOptions, OrtRunner
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +39,7 @@ class ModelVersion:
     preprocessor: Preprocessor
     batcher: Batcher
     warmed_up: bool = False
+    instances: list[OrtRunner] = field(default_factory=list)  # every session the batcher feeds; runner is the first
 
     @property
     def ready(self) -> bool:
@@ -62,8 +63,9 @@ class ModelVersion:
         Blocking; called from a worker thread before the server reports ready.
         """
         c, h, w = self.preprocessor.output_shape
-        for batch_size in range(1, self.batcher.config.max_batch_size + 1):
-            self.runner.run(np.zeros((batch_size, c, h, w), dtype=np.float32))
+        for runner in self.instances or [self.runner]:
+            for batch_size in range(1, self.batcher.config.max_batch_size + 1):
+                runner.run(np.zeros((batch_size, c, h, w), dtype=np.float32))
         self.warmed_up = True
 
     def describe(self) -> dict[str, Any]:
@@ -83,6 +85,7 @@ class ModelVersion:
             "provider": self.runner.providers.primary,
             "providers": self.runner.providers.in_use,
             "batching": dataclasses.asdict(self.batcher.config),  # the effective values, manifest overrides applied
+            "instances": self.batcher.instances,
             "ready": self.ready,
             "metrics": self.manifest.provenance.metrics,
         }
@@ -145,8 +148,15 @@ def load_repository(
     batching: BatchingConfig,
     intra_op_threads: int = 0,
     inter_op_threads: int = 0,
+    intra_op_spinning: bool = True,
+    io_binding: bool = False,
+    cuda: CudaOptions | None = None,
+    instances: int = 1,
 ) -> ModelRepository:
     """Load every model version under ``root`` (sessions created, batchers not started).
+
+    Each version gets ``instances`` ONNX Runtime sessions, all fed by its one batcher; the
+    session options are :class:`OrtRunner`'s.
 
     Raises:
         RepositoryError: a missing or invalid manifest (naming the file and field), or a
@@ -158,16 +168,23 @@ def load_repository(
             manifest = load_manifest(folder / "model.json")
         except ManifestError as exc:
             raise RepositoryError(str(exc)) from None
-        runner = OrtRunner(
-            folder / "model.onnx",
-            device=device,
-            intra_op_threads=intra_op_threads,
-            inter_op_threads=inter_op_threads,
-        )
+        runners = [
+            OrtRunner(
+                folder / "model.onnx",
+                device=device,
+                intra_op_threads=intra_op_threads,
+                inter_op_threads=inter_op_threads,
+                intra_op_spinning=intra_op_spinning,
+                io_binding=io_binding,
+                cuda=cuda,
+            )
+            for _ in range(instances)
+        ]
+        runner = runners[0]
         overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
-        batcher = Batcher(runner.run, batching.override(**overrides), model=name, version=str(version))
+        batcher = Batcher([r.run for r in runners], batching.override(**overrides), model=name, version=str(version))
         repository.models.setdefault(name, {})[version] = ModelVersion(
-            name, version, folder, manifest, runner, Preprocessor(manifest.preprocessing), batcher
+            name, version, folder, manifest, runner, Preprocessor(manifest.preprocessing), batcher, instances=runners
         )
         log.info("model %s version %d: %s on %s", name, version, manifest.task, runner.providers.primary)
     return repository

@@ -58,6 +58,21 @@ class Settings(BaseSettings):
     intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: ORT's default).")
     inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: ORT's default).")
     decode_threads: int = Field(0, ge=0, description="Threads decoding images (0: one per core).")
+    intra_op_spinning: bool = Field(
+        False, description="Let ONNX Runtime's threads busy-wait for work (off: they leave the cores to decoding)."
+    )
+    instances: int = Field(
+        1, ge=1, le=16, description="ONNX Runtime sessions per model version, fed by one batcher (batches in flight)."
+    )
+    io_binding: bool = Field(False, description="Run through an ONNX Runtime IO binding (batch bound on the device).")
+    cuda_device_id: int = Field(0, ge=0, description="The GPU the CUDA execution provider runs on.")
+    cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(
+        "EXHAUSTIVE", description="cuDNN convolution algorithm search (HEURISTIC for models fed many image sizes)."
+    )
+    cuda_mem_limit: int = Field(0, ge=0, description="Bytes the CUDA memory arena may hold per session (0: no limit).")
+
+    access_log: bool = Field(False, description="uvicorn's access log, one line per request.")
+    backlog: int = Field(2048, ge=1, description="Connections the listening socket queues before refusing.")
 
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated bearer tokens; empty: no authentication.", repr=False

@@ -1,0 +1,86 @@
+"""ONNX Runtime sessions: thread options, IO binding on the CPU provider, CUDA options, instances per model."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from service.runtime import CPU, CUDA, CudaOptions, OrtRunner, providers_with_options
+from tests.conftest import MODEL_REPOSITORY, png_bytes, running_app
+
+GRAPH = MODEL_REPOSITORY / "vit-digits" / "1" / "model.onnx"
+
+
+def digits_batch(n: int) -> np.ndarray:
+    return np.random.default_rng(0).standard_normal((n, 1, 8, 8)).astype(np.float32)  # (B, 1, 8, 8)
+
+
+def test_io_binding_on_the_cpu_gives_the_same_outputs_as_a_plain_run() -> None:
+    plain = OrtRunner(GRAPH, device="cpu")
+    bound = OrtRunner(GRAPH, device="cpu", io_binding=True)
+    for n in (1, 7):
+        x = digits_batch(n)
+        expected, got = plain.run(x), bound.run(x)
+        assert list(got) == ["logits"] and got["logits"].shape == (n, 10) and got["logits"].dtype == np.float32
+        np.testing.assert_array_equal(got["logits"], expected["logits"])
+
+
+def test_io_binding_outputs_do_not_alias_the_input_buffer() -> None:
+    bound = OrtRunner(GRAPH, device="cpu", io_binding=True)
+    x = digits_batch(3)
+    first = bound.run(x)["logits"].copy()
+    out = bound.run(x)["logits"]
+    x[:] = 0  # the batcher reuses its buffer for the next batch
+    np.testing.assert_array_equal(out, first)
+
+
+@pytest.mark.parametrize(("spinning", "expected"), [(True, "1"), (False, "0")])
+def test_thread_options_reach_the_session(spinning: bool, expected: str) -> None:
+    runner = OrtRunner(GRAPH, device="cpu", intra_op_threads=1, inter_op_threads=1, intra_op_spinning=spinning)
+    options = runner.session.get_session_options()
+    assert options.intra_op_num_threads == 1 and options.inter_op_num_threads == 1
+    assert options.get_session_config_entry("session.intra_op.allow_spinning") == expected
+    assert runner.providers.in_use == [CPU] and runner.device_type == "cpu"
+
+
+def test_cuda_options_go_with_the_cuda_provider_only() -> None:
+    cuda = CudaOptions(device_id=1, cudnn_conv_algo_search="HEURISTIC", gpu_mem_limit=2**30)
+    assert providers_with_options([CUDA, CPU], cuda) == [
+        (
+            CUDA,
+            {
+                "device_id": "1",
+                "cudnn_conv_algo_search": "HEURISTIC",
+                "arena_extend_strategy": "kSameAsRequested",
+                "do_copy_in_default_stream": "1",
+                "gpu_mem_limit": "1073741824",
+            },
+        ),
+        CPU,
+    ]
+    assert "gpu_mem_limit" not in CudaOptions().provider_options()  # 0: no limit, ORT's default
+    assert providers_with_options([CPU], cuda) == [CPU]
+
+
+@pytest.mark.anyio
+async def test_several_instances_serve_one_model_and_are_reported(digits_test_split) -> None:
+    async with running_app(instances=2, io_binding=True, intra_op_threads=1, max_batch_size=4) as client:
+        model = client.app.state.server.repository.get("vit-digits")
+        assert len(model.instances) == 2 and model.instances[0] is not model.instances[1]
+        assert model.batcher.instances == 2
+        described = (await client.get("/v1/models/vit-digits")).json()
+        assert described["versions"][0]["instances"] == 2
+        images, labels = digits_test_split.images[:16], digits_test_split.labels[:16]
+        responses = [
+            client.post("/v1/models/vit-digits/classify", files={"image": ("d.png", png_bytes(p), "image/png")})
+            for p in images
+        ]
+        answers = [r.json() for r in await asyncio.gather(*responses)]
+    from export import evaluate
+    from service.manifest import load_manifest
+
+    in_process = evaluate.predict(GRAPH, load_manifest(GRAPH.with_name("model.json")).preprocessing, images)
+    assert [a["predictions"][0]["class_id"] for a in answers] == in_process.tolist()
+    assert np.mean(in_process == labels) >= 0.9
