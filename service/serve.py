@@ -163,6 +163,9 @@ def uvicorn_config(settings: Settings) -> ServeConfig:
         log_config=log_config(settings.log_level, settings.log_format),
         log_level=settings.log_level,
         access_log=False,  # service.logs writes one structured line per request instead
+        loop="uvloop",  # explicit, not "auto": both come with uvicorn[standard]; asyncio's loop and h11 are slower
+        http="httptools",
+        backlog=settings.backlog,
         timeout_keep_alive=settings.keep_alive_timeout,
         timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
         drain_delay=settings.drain_delay,

@@ -71,7 +71,6 @@ class Settings(BaseSettings):
     )
     cuda_mem_limit: int = Field(0, ge=0, description="Bytes the CUDA memory arena may hold per session (0: no limit).")
 
-    access_log: bool = Field(False, description="uvicorn's access log, one line per request.")
     backlog: int = Field(2048, ge=1, description="Connections the listening socket queues before refusing.")
 
     api_keys: Annotated[list[str], NoDecode] = Field(

@@ -1,4 +1,8 @@
-"""Route dependencies as ``Annotated`` aliases."""
+"""Route dependencies as ``Annotated`` aliases.
+
+They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in
+its thread pool, a thread hop per dependency per request for a dictionary lookup.
+"""
 
 from __future__ import annotations
 
@@ -11,18 +15,18 @@ from service.repository import ModelRepository
 from service.state import ServerState
 
 
-def get_state(request: Request) -> ServerState:
+async def get_state(request: Request) -> ServerState:
     """The worker's :class:`ServerState`."""
     return request.app.state.server
 
 
-def get_repository(request: Request) -> ModelRepository:
+async def get_repository(request: Request) -> ModelRepository:
     """The loaded models.
 
     Raises:
         Unavailable: the models are not loaded yet (503).
     """
-    repository = get_state(request).repository
+    repository = request.app.state.server.repository
     if repository is None:
         raise Unavailable("the models are still loading", retry_after=2)
     return repository

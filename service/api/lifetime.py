@@ -25,7 +25,7 @@ T = TypeVar("T")
 TIMEOUT_HEADER = "X-Request-Timeout"
 
 
-def requested_timeout(
+async def requested_timeout(  # async: a plain def dependency would run in FastAPI's thread pool
     request: Request,
     timeout: Annotated[
         float | None,
