@@ -2,6 +2,8 @@
 #   make serve   serving environment only (no torch), then the server on $PATCHSERVE_HOST:$PATCHSERVE_PORT
 #   make test    training + hf + dev environment (torch 2.13.0 first), then the whole suite, every marker
 #   make models  retrain and re-export the committed models
+#   make bench   the side-by-side benchmark (bench/run.py); not part of make test. BENCH_ARGS=... passes options
+#   make profile where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
 
 PYTHON ?= python3
 SERVE_VENV := .venv-serve
@@ -10,7 +12,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity
+.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -68,12 +70,34 @@ models: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python examples/render.py examples/chelsea.png
 	$(DEV_VENV)/bin/python examples/render.py examples/canvas.png --model detr-digits --route detect
 
+BENCH_MODEL := bench/.work/model_repository/vit-ti16-random/1
+
+$(DEV_VENV)/.installed-bench: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,dev,bench]'
+	touch $@
+
+# wrk, the load generator (Debian's package); installed when missing and we may.
+bench-tools:
+	@command -v wrk >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq wrk; \
+	  else echo "bench needs wrk: sudo apt-get install wrk" >&2; exit 1; fi; }
+
+# ViT-Ti/16 at 224 with random weights, exported by export/ (never committed: bench/.work is ignored).
+$(BENCH_MODEL)/model.onnx: | $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/python -m export random vit-ti16 --to $(BENCH_MODEL)
+
+bench: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
+	$(DEV_VENV)/bin/python -m bench.run $(BENCH_ARGS)
+
+profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
+	$(DEV_VENV)/bin/python -m bench.profile $(PROFILE_ARGS)
+
 lint: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache
+	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench
 
 # Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
 # nothing is downloaded) and print the parity each import measured: the README's figures.

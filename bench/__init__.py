@@ -1,0 +1,1 @@
+"""Side-by-side benchmarks of patchserve (not tests; see bench/run.py)."""
