@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench import images, loadgen, plots, raw, report, servers
+from bench import decode, images, loadgen, plots, raw, report, servers
 from service.manifest import load_manifest
 
 log = logging.getLogger("bench")
@@ -217,6 +217,7 @@ def main(argv: list[str] | None = None) -> None:
         },
         "model": {"name": BENCH_MODEL, "manifest": load_manifest(model_dir / "model.json").description},
         "servers": {s.key: {"label": s.label, "env": dict(s.env)} for s in contestants},
+        "decode": {size: decode.decode_cost(model_dir, paths) for size, paths in files_by_size.items()},
         "raw": {size: measure_raw(model_dir, paths, args.raw_seconds) for size, paths in files_by_size.items()},
     }
     results["http"] = measure_http(
