@@ -34,6 +34,7 @@ from pathlib import Path
 from bench import images, loadgen, servers
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+BENCH = "vit-ti16-random"
 
 
 def thread_names(pid: int, py_spy: Path) -> dict[int, str]:
@@ -96,18 +97,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="<repository>/<name> to profile instead (e.g. model_repository/vit-digits: serving overhead alone)",
+    )
     args = parser.parse_args(argv)
 
     files = images.prepare(args.work / "images")[args.size]
-    server = servers.contestants(args.work / "model_repository", "vit-ti16-random")[0]
+    repository, name = (args.model.parent, args.model.name) if args.model else (args.work / "model_repository", BENCH)
+    server = servers.patchserve(repository, name)
     out = args.work / "profile"
     out.mkdir(parents=True, exist_ok=True)
-    collapsed = out / f"patchserve-{args.size}-c{args.concurrency}.txt"
+    collapsed = out / f"patchserve-{name}-{args.size}-c{args.concurrency}.txt"
     py_spy = Path(sys.executable).with_name("py-spy")
     running = servers.start(server, args.work / "logs")
     pid = running.process.pid
     try:
-        url = running.url + server.path.format(model="vit-ti16-random")
+        url = running.url + server.path
         loadgen.run(url, files, concurrency=args.concurrency, seconds=3)  # warm-up: every pool thread started
         names = thread_names(pid, py_spy)
         before = cpu_seconds(pid)
