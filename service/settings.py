@@ -62,7 +62,7 @@ class Settings(BaseSettings):
         False, description="Let ONNX Runtime's threads busy-wait for work (off: they leave the cores to decoding)."
     )
     instances: int = Field(
-        1, ge=1, le=16, description="ONNX Runtime sessions per model version, fed by one batcher (batches in flight)."
+        2, ge=1, le=16, description="ONNX Runtime sessions per model version, fed by one batcher (batches in flight)."
     )
     io_binding: bool = Field(False, description="Run through an ONNX Runtime IO binding (batch bound on the device).")
     cuda_device_id: int = Field(0, ge=0, description="The GPU the CUDA execution provider runs on.")

@@ -40,7 +40,8 @@ def make_settings(**overrides: object):
     """Settings for tests: the committed repository, CPU, no environment variables read."""
     from service.settings import Settings
 
-    values = {"model_repository": MODEL_REPOSITORY, "device": "cpu", "decode_threads": 2, **overrides}
+    # One model instance: tests hold the runner busy to make requests queue behind it.
+    values = {"model_repository": MODEL_REPOSITORY, "device": "cpu", "decode_threads": 2, "instances": 1, **overrides}
     return Settings(**values)
 
 
