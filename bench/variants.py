@@ -1,0 +1,92 @@
+"""patchserve under several settings, side by side: how the thread and instance defaults were chosen.
+
+    .venv/bin/python -m bench.variants --size 640x480 --concurrency 1,16 --rounds 2
+    .venv/bin/python -m bench.variants one-session=instances:1 one-thread=instances:2,intra_op_threads:1
+
+Each variant is a name and ``PATCHSERVE_*`` settings (lower case, ``name:value`` pairs, comma
+separated) applied on top of the defaults. Every variant is started at once and each
+(concurrency, round) point is measured for each variant in turn, so load from elsewhere on the
+machine hits them alike. Writes ``bench/results/variants-<date>-<host>.json`` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import socket
+from pathlib import Path
+
+from bench import images, loadgen, servers
+
+MODEL = "vit-ti16-random"
+DEFAULT_VARIANTS = {
+    "defaults": {},  # 2 sessions x ORT's default threads, spinning off, one decode thread per core
+    "one-session": {"instances": "1"},
+    "one-session-spinning": {"instances": "1", "intra_op_spinning": "true"},
+    "two-sessions-one-thread": {"intra_op_threads": "1"},
+    "one-decode-thread": {"decode_threads": "1"},
+}
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, str]]:
+    """``name=setting:value,setting:value`` -> (name, {setting: value})."""
+    name, _, settings = text.partition("=")
+    pairs = [pair.split(":", 1) for pair in settings.split(",") if pair]
+    return name, {key.strip(): value.strip() for key, value in pairs}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.variants", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("variants", nargs="*", help="name=setting:value,... (default: the thread/instance variants)")
+    parser.add_argument("--work", type=Path, default=Path("bench/.work"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--size", default="640x480", choices=list(images.SIZES))
+    parser.add_argument("--concurrency", default="1,16")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup", type=float, default=2.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+
+    variants = dict(parse_variant(v) for v in args.variants) if args.variants else DEFAULT_VARIANTS
+    files = images.prepare(args.work / "images")[args.size]
+    repository = args.work / "model_repository"
+    contestants = [servers.patchserve(repository, MODEL, key=k, label=k, **v) for k, v in variants.items()]
+    started = dt.datetime.now(dt.UTC)
+    load_start = os.getloadavg()
+    rows = []
+    with servers.all_running(contestants, args.work / "logs" / "variants") as running:
+        for round_ in range(args.rounds):
+            for concurrency in (int(c) for c in args.concurrency.split(",")):
+                for server in contestants:
+                    url = running[server.key].url + server.path
+                    loadgen.run(url, files, concurrency=concurrency, seconds=args.warmup)
+                    r = loadgen.run(url, files, concurrency=concurrency, seconds=args.seconds)
+                    load = os.getloadavg()
+                    rows.append({"variant": server.key, "round": round_, **r.to_dict(), "load_average": load})
+                    print(
+                        f"round {round_}  {server.key:<26s} c={concurrency:<3d} {r.throughput:7.1f} req/s  "
+                        f"p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  errors {r.errors}  load {load[0]:.1f}",
+                        flush=True,
+                    )
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"variants-{started:%Y-%m-%d}-{socket.gethostname()}.json"
+    document = {
+        "command": "python -m bench.variants",
+        "started": started.isoformat(timespec="seconds"),
+        "load_average": {"start": load_start, "end": os.getloadavg()},
+        "size": args.size,
+        "variants": variants,
+        "results": rows,
+    }
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
