@@ -227,7 +227,7 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
     started = time.perf_counter()
     labels = (metrics.UNKNOWN_MODEL, "")
     try:
-        model = get_repository(request).get(name, version)
+        model = (await get_repository(request)).get(name, version)
         labels = (model.name, str(model.version))
         arrived = model.batcher.clock.now()
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
