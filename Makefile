@@ -73,7 +73,7 @@ models: $(DEV_VENV)/.installed
 BENCH_MODEL := bench/.work/model_repository/vit-ti16-random/1
 
 $(DEV_VENV)/.installed-bench: $(DEV_VENV)/.installed
-	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,dev,bench]'
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[bench]'  # on top of what .installed put there
 	touch $@
 
 # wrk, the load generator (Debian's package); installed when missing and we may.
