@@ -144,7 +144,8 @@ def _unidentified(data: bytes) -> InvalidImage:
             "HEIC/HEIF images need the optional HEIF decoder, which this server does not have "
             "(install patchserve[heic], i.e. pillow-heif); send JPEG or PNG instead"
         )
-    if name is not None and name.split(" ")[0].split("/")[0].upper() in {f.upper() for f in ACCEPTED_FORMATS}:
+    accepted = {f.upper() for f in ACCEPTED_FORMATS} | ({"HEIC/HEIF"} if HEIF_AVAILABLE else set())
+    if name is not None and name.upper() in accepted:  # the whole name: "JPEG XL" and "JPEG 2000" are not JPEG
         return InvalidImage(f"the {name} image is corrupt: its header cannot be read")
     if name is not None:
         return InvalidImage(f"{name} files are not accepted; send one of {ACCEPTED_NAMES}")

@@ -10,7 +10,8 @@ import csv
 
 import pytest
 
-from service.images import HEIF_AVAILABLE
+from service.errors import InvalidImage
+from service.images import HEIF_AVAILABLE, decode_image
 from tests.conftest import ROOT, running_app
 from tests.service.image_fixtures import GENERATED
 
@@ -106,3 +107,16 @@ async def test_every_kind_in_one_request_answers_each_in_order(client) -> None:
     assert [r.get("status", 200) for r in results] == [200, 413, 415, 200, 415, 400]
     assert results[0]["image"] == {"width": 48, "height": 32} and results[3]["image"] == {"width": 16, "height": 12}
     assert "PDF" in results[4]["detail"] and "empty" in results[5]["detail"]
+
+
+@pytest.mark.parametrize(
+    ("data", "name"),
+    [
+        (b"\x00\x00\x00\x0cjP  \r\n\x87\n" + b"\x00" * 64, "JPEG 2000"),
+        (b"\xff\x0a" + b"\x00" * 64, "JPEG XL"),
+    ],
+    ids=["jpeg2000", "jpegxl"],
+)
+def test_jpeg_2000_and_jpeg_xl_are_not_accepted_rather_than_corrupt_jpegs(data: bytes, name: str) -> None:
+    with pytest.raises(InvalidImage, match=f"{name} files are not accepted"):
+        decode_image(data, color_mode="RGB", max_pixels=10**6)
