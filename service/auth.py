@@ -128,7 +128,14 @@ def add_security_middleware(app: FastAPI, settings: Settings) -> None:
             CORSMiddleware,
             allow_origins=settings.cors_allow_origins,
             allow_methods=["GET", "POST"],
-            allow_headers=["Authorization", "Content-Type", "X-Request-ID"],
-            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After"],
+            allow_headers=[
+                "Authorization",
+                "Content-Type",
+                "Content-Encoding",  # v2: gzip or deflate request bodies
+                "X-Request-ID",
+                "X-Request-Timeout",
+                "Inference-Header-Content-Length",  # v2 binary tensors
+            ],
+            expose_headers=["X-Request-ID", "Server-Timing", "Retry-After", "Inference-Header-Content-Length"],
             max_age=600,
         )

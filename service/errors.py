@@ -15,6 +15,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import metrics
+
 log = logging.getLogger(__name__)
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
@@ -131,6 +133,26 @@ def _validation_detail(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
+def _count_refused_inference(request: Request) -> None:
+    """Count a 422 of an inference route (refused before its handler ran) as ``client_error``.
+
+    Labelled with the model's name and default version when the model exists, else
+    ``_unknown``: a client's arbitrary name never becomes a label.
+    """
+    name = request.path_params.get("name")
+    if name is None or request.method != "POST":
+        return
+    labels = (metrics.UNKNOWN_MODEL, "")
+    repository = getattr(getattr(request.app.state, "server", None), "repository", None)
+    if repository is not None:
+        try:
+            model = repository.get(name)
+            labels = (model.name, str(model.version))
+        except ModelNotFound:
+            pass
+    metrics.observe_request(*labels, "client_error", None)
+
+
 def install_handlers(app: FastAPI) -> None:
     """Map domain errors, validation errors and HTTP errors to problem+json on ``app``."""
 
@@ -140,6 +162,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        _count_refused_inference(request)
         return problem_response(InvalidParameter(_validation_detail(exc)), request_id(request))
 
     @app.exception_handler(StarletteHTTPException)

@@ -19,7 +19,7 @@ import numpy as np
 
 from service import metrics
 from service.batching import InferenceResult
-from service.errors import ProblemError, Unavailable
+from service.errors import BadRequest, ProblemError, Unavailable
 from service.images import DecodedImage, decode_image
 from service.repository import ModelVersion
 
@@ -86,7 +86,18 @@ async def _submit(
 
 
 def _admit(model: ModelVersion, count: int) -> None:
-    """Refuse the whole request (503) unless the queue has room for all its ``count`` images."""
+    """Refuse the whole request (503) unless the queue has room for all its ``count`` images.
+
+    Raises:
+        BadRequest: the request has more images than the whole queue holds; it could never be
+            admitted, so it is a 400, not a 503 to retry.
+        Unavailable: the queue has no room for all of them now (503).
+    """
+    if count > model.batcher.config.queue_size:
+        raise BadRequest(
+            f"model {model.name}/{model.version} admits at most {model.batcher.config.queue_size} images in one "
+            f"request (its queue_size); this one has {count}. Send them in several requests"
+        )
     if model.batcher.room < count:
         raise Unavailable(
             f"model {model.name}/{model.version}: the queue is full for this request (room for "

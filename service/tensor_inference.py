@@ -81,6 +81,8 @@ def _checked_input(model: ModelVersion, request: InferRequest, max_rows: int) ->
                 f"input {spec.name!r} has shape {list(x.shape)}; the model takes {shape} (-1: any size >= 1), "
                 f"axis {axis} differs"
             )
+    if np.issubdtype(x.dtype, np.floating) and not np.isfinite(x).all():
+        raise BadRequest(f"input {spec.name!r} holds non-finite values (NaN or infinity, or beyond FP32's range)")
     return x
 
 

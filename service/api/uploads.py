@@ -23,7 +23,7 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 from starlette.requests import ClientDisconnect, Request
 
 from service.api.openapi import DIGIT_PNG_BASE64
-from service.errors import BadRequest, InvalidImage, PayloadTooLarge
+from service.errors import BadRequest, ClientDisconnected, InvalidImage, PayloadTooLarge
 
 RAW_TYPES = ("application/octet-stream",)
 IMAGE_FIELD = "image"
@@ -93,7 +93,7 @@ async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
             if chunk:
                 yield chunk
     except ClientDisconnect:
-        raise BadRequest("the client disconnected before sending the whole body") from None
+        raise ClientDisconnected("the client disconnected before sending the whole body") from None
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -151,6 +151,8 @@ async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_la
         await client.post(CLASSIFY, files={"image": b"junk"})
         await client.post("/v1/models/made-up-1/classify", files={"image": DIGIT_7})
         await client.post("/v1/models/made-up-2/classify", files={"image": DIGIT_7})
+        await client.post(CLASSIFY + "?top_k=0", files={"image": DIGIT_7})  # 422s are answered requests too
+        await client.post("/v1/models/made-up-3/classify?top_k=abc", files={"image": DIGIT_7})
         after = (await client.get("/metrics")).text
     name = "patchserve_requests_total"
 
@@ -158,8 +160,8 @@ async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_la
         return sample(after, name, **labels) - sample(before, name, **labels)
 
     assert delta(model="vit-digits", version="1", outcome="success") == 1
-    assert delta(model="vit-digits", version="1", outcome="client_error") == 1
-    assert delta(model="_unknown", outcome="client_error") == 2
+    assert delta(model="vit-digits", version="1", outcome="client_error") == 2
+    assert delta(model="_unknown", outcome="client_error") == 3
     assert "made-up" not in after
     assert sample(after, "patchserve_model_info", model="vit-digits", version="1", provider="CPUExecutionProvider") == 1
     assert sample(after, "patchserve_batch_size_count", model="vit-digits") >= 1

@@ -127,7 +127,11 @@ async def test_cors_is_off_by_default() -> None:
 
 async def test_cors_allows_only_the_configured_origins() -> None:
     allowed, other = "https://app.example", "https://evil.example"
-    preflight = {"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization"}
+    preflight = {
+        "Access-Control-Request-Method": "POST",
+        # every request header the API documents: the key, the deadline, v2's binary tensors
+        "Access-Control-Request-Headers": "authorization, x-request-timeout, inference-header-content-length",
+    }
     async with running_app(cors_allow_origins=[allowed], api_keys=KEYS) as client:
         ok = await client.options(CLASSIFY, headers={"Origin": allowed, **preflight})
         refused = await client.options(CLASSIFY, headers={"Origin": other, **preflight})

@@ -285,3 +285,26 @@ async def test_a_manifest_batching_section_overrides_the_settings_and_the_listin
         version = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
     expected = {"max_batch_size": 3, "max_queue_delay": 0.002, "queue_size": 64, "request_timeout": 5.0}
     assert version["batching"] == expected  # the manifest's values, the settings' for the rest
+
+
+async def test_a_client_that_disconnects_during_its_upload_is_counted_cancelled(digits_test_split) -> None:
+    (png,) = one_of_each(digits_test_split, range(1))
+    messages = [
+        {"type": "http.request", "body": png[: len(png) // 2], "more_body": True},
+        {"type": "http.disconnect"},
+    ]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async with running_app() as client:
+        before = (await client.get("/metrics")).text
+        await asyncio.wait_for(client.app(asgi_post(CLASSIFY, png), receive, send), HANG_GUARD)
+        after = (await client.get("/metrics")).text
+    assert sent[0]["status"] == 499  # nginx's "client closed request", as for a disconnect while queued
+    assert grew(before, after, "patchserve_requests_total", outcome="cancelled") == 1
+    assert grew(before, after, "patchserve_requests_total", outcome="client_error") == 0

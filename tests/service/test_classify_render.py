@@ -61,3 +61,27 @@ async def test_picture_errors_are_problems() -> None:
     assert_problem(two, 400, "one image")
     assert_problem(broken, 415)
     assert_problem(unknown, 422, "render")
+
+
+@pytest.mark.parametrize(
+    ("accept", "png"),
+    [
+        ("image/png", True),
+        ("image/png, application/json", True),
+        ("application/json, image/png", False),
+        ("application/json;q=0.5, image/png", True),
+        ("image/png;q=0, application/json", False),
+        ("image/png;q=0", False),
+        ("application/json, image/png;q=0.1", False),
+        ("image/*", False),
+        ("text/html,application/xhtml+xml,application/xml;q=0.9,image/avif,image/webp,*/*;q=0.8", False),
+        ("", False),
+    ],
+)
+def test_accept_asks_for_the_picture_only_when_it_prefers_png(accept: str, png: bool) -> None:
+    from starlette.requests import Request
+
+    from service.api.routes.inference import _wants_png
+
+    request = Request({"type": "http", "headers": [(b"accept", accept.encode())] if accept else []})
+    assert _wants_png(request, None) is png

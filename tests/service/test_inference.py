@@ -18,24 +18,35 @@ pytestmark = pytest.mark.anyio
 async def test_a_multi_image_request_is_refused_whole_when_the_queue_lacks_room(digits_test_split, monkeypatch) -> None:
     runner = RecordedRunner(monkeypatch)
     pngs = one_of_each(digits_test_split, range(5))
-    async with running_app(queue_size=3) as client:
+    async with running_app(queue_size=4) as client:
         warm_up_runs = len(runner.calls)
         plug = await runner.plug(client, pngs[0])  # the runner is busy; the queue is empty
+        waiting = asyncio.ensure_future(client.post(CLASSIFY, files={"image": pngs[4]}))
+        await until(lambda: batcher_of(client).queued == 1)
         before = (await client.get("/metrics")).text
-        refused = await client.post(CLASSIFY, files=[("image", p) for p in pngs[1:]])  # 4 images, room for 3
+        refused = await client.post(CLASSIFY, files=[("image", p) for p in pngs[:4]])  # 4 images, room for 3
         after = (await client.get("/metrics")).text
-        assert batcher_of(client).queued == 0  # none of its images was queued
+        assert batcher_of(client).queued == 1  # none of its images was queued
         fits = asyncio.ensure_future(client.post(CLASSIFY, files=[("image", p) for p in pngs[1:4]]))
-        await until(lambda: batcher_of(client).queued == 3)
+        await until(lambda: batcher_of(client).queued == 4)
         runner.gate.set()
         assert (await plug).status_code == 200
+        assert (await waiting).json()["predictions"][0]["label"] == "4"
         assert [r["predictions"][0]["label"] for r in (await fits).json()["results"]] == ["1", "2", "3"]
     assert_problem(refused, 503, "room for 3 image(s), it has 4")
     assert refused.headers["retry-after"] == "1"
     labels = {"model": "vit-digits", "version": "1", "outcome": "rejected"}
     name = "patchserve_requests_total"
     assert sample(after, name, **labels) - sample(before, name, **labels) == 1
-    assert runner.calls[warm_up_runs:] == [1, 3]  # the refused request's images never ran
+    assert runner.calls[warm_up_runs:] == [1, 4]  # the refused request's images never ran
+
+
+async def test_a_request_larger_than_the_whole_queue_is_a_400_not_a_503_to_retry(digits_test_split) -> None:
+    pngs = one_of_each(digits_test_split, range(5))
+    async with running_app(queue_size=4) as client:
+        response = await client.post(CLASSIFY, files=[("image", p) for p in pngs])
+    assert_problem(response, 400, "at most 4 images in one request")
+    assert "retry-after" not in response.headers
 
 
 async def test_one_request_decodes_at_most_decode_parallelism_images_at_once(digits_test_split, monkeypatch) -> None:

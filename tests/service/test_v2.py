@@ -217,6 +217,7 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, -8])), 400, "non-negative")
         assert_error(await post(INFER, json=with_input(shape=[2, 1, 8, 8])), 400, "64 elements")
         assert_error(await post(INFER, json=with_input(data=["a"] * 64)), 400, "FP32")
+        assert_error(await post(INFER, json=with_input(data=[1e39] + [0.5] * 63)), 400, "non-finite")  # inf in FP32
         assert_error(await post(INFER, json=with_input(data=[[1.0], [1.0, 2.0]])), 400)
         zeros = np.zeros((0, 1, 8, 8), np.float32)
         assert_error(await post(INFER, json=json_request(zeros)), 400, "batch size")

@@ -158,11 +158,30 @@ async def classify(
 
 
 def _wants_png(request: Request, render_as: str | None) -> bool:
-    """``?render=png``, or no ``render`` and an ``Accept`` header whose first choice is image/png."""
+    """``?render=png``; or no ``render`` and an ``Accept`` header that prefers image/png to JSON.
+
+    Of ``image/png`` and ``application/json`` in ``Accept``, the higher quality value (RFC 9110,
+    Sec. 12.4.2) wins, the one listed first on a tie; ``q=0`` means not acceptable. Wildcards
+    (``image/*``, ``*/*``) do not ask for a picture.
+    """
     if render_as is not None:
         return render_as == "png"
-    first = request.headers.get("accept", "").split(",", 1)[0].split(";", 1)[0].strip().lower()
-    return first == "image/png"
+    best: tuple[float, int, str] | None = None
+    for index, item in enumerate(request.headers.get("accept", "").split(",")):
+        media, *params = (part.strip() for part in item.split(";"))
+        if media.lower() not in ("image/png", "application/json"):
+            continue
+        quality = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        if best is None or (quality, -index) > best[:2]:
+            best = (quality, -index, media.lower())
+    return best is not None and best[2] == "image/png" and best[0] > 0
 
 
 @router.post(
