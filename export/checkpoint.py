@@ -9,14 +9,13 @@ import torch
 from torch import nn
 
 from export import evaluate
-from export.onnx_export import export_onnx, parity
+from export.onnx_export import export_info, export_onnx, parity
 from models.cnn import CNN, CNNConfig
 from models.datasets import load_digits_splits
 from models.vit import ViT, ViTConfig
 from service.manifest import (
     SCHEMA_VERSION,
     AttentionSpec,
-    ExportInfo,
     Manifest,
     Preprocessing,
     Provenance,
@@ -126,12 +125,7 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
                     if key in checkpoint["metrics"]
                 },
             },
-            export=ExportInfo(
-                exporter="torch.onnx.export(dynamo=True)",
-                opset=opset,
-                torch_version=torch.__version__,
-                parity_max_abs_diff=diffs,
-            ),
+            export=export_info(opset, diffs),
             notes=f"trained on {checkpoint['metrics']['device']}" if "device" in checkpoint["metrics"] else "",
         ),
         attention=AttentionSpec(

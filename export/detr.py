@@ -16,11 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from export.onnx_export import export_onnx, parity
+from export.onnx_export import export_info, export_onnx, parity
 from models.detection_data import load_split, to_coco
 from models.detection_eval import coco_ap, detect_images
 from models.detr import DETR, DETRForExport, config_from_dict
-from service.manifest import SCHEMA_VERSION, ExportInfo, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+from service.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
 from service.preprocess import Preprocessor
 
 OUTPUT_NAMES = ("pred_logits", "pred_boxes")
@@ -94,12 +94,7 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
                 "train_seconds": trained["train_seconds"],
                 "train_cpu_seconds": trained["train_cpu_seconds"],
             },
-            export=ExportInfo(
-                exporter="torch.onnx.export(dynamo=True)",
-                opset=opset,
-                torch_version=torch.__version__,
-                parity_max_abs_diff=diffs,
-            ),
+            export=export_info(opset, diffs),
             notes=(
                 f"Resize policy: letterbox to {w}x{h} (keep the aspect ratio, pad bottom and right with "
                 f"{preprocessing.pad_value}); pred_boxes are normalised cxcywh in that padded frame. "

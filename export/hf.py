@@ -35,10 +35,9 @@ import torch
 from PIL import Image
 from torch import nn
 
-from export.onnx_export import export_onnx, parity
+from export.onnx_export import export_info, export_onnx, parity
 from service.manifest import (
     SCHEMA_VERSION,
-    ExportInfo,
     Manifest,
     Preprocessing,
     Provenance,
@@ -291,12 +290,7 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
             training_data=f"not known here: a Hugging Face transformers checkpoint ({source}) trained elsewhere",
             recipe=f"trained outside patchserve; imported with: python -m export hf {folder} --to {out}",
             metrics={},
-            export=ExportInfo(
-                exporter="torch.onnx.export(dynamo=True)",
-                opset=opset,
-                torch_version=torch.__version__,
-                parity_max_abs_diff=diffs,
-            ),
+            export=export_info(opset, diffs),
             notes="; ".join(notes),
         ),
     )

@@ -15,6 +15,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from service.manifest import ExportInfo
+
 log = logging.getLogger(__name__)
 
 DEFAULT_OPSET = 18
@@ -107,3 +109,17 @@ def parity(
             raise ParityError(f"{path}: batch {x.shape[0]}: max |ORT - PyTorch| = {diff:.2e} > {tolerance:.0e}")
     log.info("parity %s: %s", path, result)
     return result
+
+
+def export_info(opset: int, diffs: dict[str, float]) -> ExportInfo:
+    """The manifest's record of an :func:`export_onnx` graph.
+
+    Exporter, opset, torch version and the :func:`parity` measured (max |ONNX Runtime -
+    PyTorch| by batch size, as a string key).
+    """
+    return ExportInfo(
+        exporter="torch.onnx.export(dynamo=True)",
+        opset=opset,
+        torch_version=torch.__version__,
+        parity_max_abs_diff=diffs,
+    )

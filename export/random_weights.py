@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from export.onnx_export import export_onnx, parity
+from export.onnx_export import export_info, export_onnx, parity
 from models.vit import CONFIGS, build
-from service.manifest import SCHEMA_VERSION, ExportInfo, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+from service.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
 
 # The Hugging Face ViTImageProcessor's defaults (google/vit-base-patch16-224): stretch, bilinear, mean = std = 0.5.
 HF_VIT_MEAN = HF_VIT_STD = [0.5, 0.5, 0.5]
@@ -69,12 +69,7 @@ def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int 
             training_data=f"none: random weights (timm-style initialisation, torch seed {seed})",
             recipe=f"python -m export random {config} --to {out} --seed {seed}",
             metrics={},
-            export=ExportInfo(
-                exporter="torch.onnx.export(dynamo=True)",
-                opset=opset,
-                torch_version=torch.__version__,
-                parity_max_abs_diff=diffs,
-            ),
+            export=export_info(opset, diffs),
             notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",
         ),
     )
