@@ -201,6 +201,9 @@ class Manifest(_Strict):
             raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
         if self.attention is not None and self.attention.output not in self.outputs:
             raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
+        if self.task == "detection" and (self.preprocessing.resize == "center_crop" or self.preprocessing.crop_size):
+            # Boxes are mapped back through the whole input frame; a crop would cut objects off.
+            raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
         return self
 
 

@@ -41,6 +41,8 @@ def test_committed_manifest_loads() -> None:
         (lambda d: d.update(schema_version=99), "schema_version"),
         (lambda d: d.update(batching={"max_batch_size": 0}), "batching.max_batch_size"),
         (lambda d: d.update(batching={"max_delay": 0.01}), "batching.max_delay"),
+        (lambda d: d["preprocessing"].update(resize="letterbox", crop_size={"height": 4, "width": 4}), "crop_size"),
+        (lambda d: d.update(task="detection") or d["preprocessing"].update(resize="center_crop"), "no crop"),
     ],
 )
 def test_invalid_manifest_names_file_and_field(tmp_path, edit, field: str) -> None:
