@@ -148,6 +148,22 @@ def dashboard_queries() -> list[tuple[str, str]]:
     return [(panel["title"], target["expr"]) for panel in panels for target in panel["targets"]]
 
 
+def wait_until_every_worker_is_ready(log_path: Path, workers: int, timeout: float = 120) -> None:
+    """Until ``workers`` processes have logged "ready:" (the server is ready with its first; a worker
+    still loading its models takes no connections, so the load would miss it)."""
+    give_up = time.monotonic() + timeout
+    while True:
+        ready = {
+            json.loads(line)["pid"]
+            for line in log_path.read_text().splitlines()
+            if line.startswith("{") and '"message": "ready: ' in line
+        }
+        if len(ready) >= workers:
+            return
+        assert time.monotonic() < give_up, f"{len(ready)} of {workers} workers ready after {timeout} s"
+        time.sleep(0.2)
+
+
 def test_counts_are_exact_across_4_workers_and_after_one_is_killed(tmp_path: Path) -> None:
     promtool = require_tool("promtool", HOW)
     metrics_dir = tmp_path / "multiproc"
@@ -161,6 +177,7 @@ def test_counts_are_exact_across_4_workers_and_after_one_is_killed(tmp_path: Pat
         "PATCHSERVE_DECODE_THREADS": "1",
     }
     with server_process(env=env, ready_timeout=120) as (url, process):
+        wait_until_every_worker_is_ready(process.log_path, workers=4)
         host_port = url.removeprefix("http://")
         with prometheus(host_port, tmp_path / "prometheus") as prom:
             statuses = asyncio.run(post_many(url, N, concurrency=12))
