@@ -58,7 +58,7 @@ test-fast: $(DEV_VENV)/.installed
 
 models: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_digits --out runs/vit-digits
-	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-digits/checkpoint.pt --to model_repository/vit-digits/1
+	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-digits/checkpoint.pt --to model_repository/vit-digits/1 --no-attention
 	$(DEV_VENV)/bin/python -m models.train_detr --out runs/detr-digits
 	$(DEV_VENV)/bin/python -m export checkpoint runs/detr-digits/checkpoint.pt --to model_repository/detr-digits/1
 	# CIFAR-10 photo ViT (~90 min on 2 free CPU cores), its reference CNN, the digits experiments, the README's picture.

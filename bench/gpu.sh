@@ -2,15 +2,17 @@
 # The GPU benchmark: (a), (c), (d) on a CUDA host with onnxruntime-gpu (bench/gpu.py says what each is).
 #
 #   bench/gpu.sh                                  ViT-B/16 at 224, random weights, exported here by export/
-#   bench/gpu.sh model_repository/detr-r50/1      ... and DETR-R50 (or any model version folder) given by path
+#   bench/gpu.sh bench/.work/model_repository/detr-r50-random/1
+#                                                 ... and DETR-R50 (or any model version folder) given by path
 #   DEVICE=cpu VIT_B=0 bench/gpu.sh bench/.work/model_repository/vit-ti16-random/1 \
 #       GPU_BENCH_ARGS="--seconds 3 --warmup 1 --raw-seconds 1 --concurrency 1,16"
 #                                                 the same protocol on the CPU provider: a dry run without a GPU
 #
 # It builds .venv-gpu-bench with onnxruntime-gpu (never beside onnxruntime) and the bench extra, installs wrk
 # if missing (as root), exports ViT-B/16 with .venv (torch; `make` builds it) unless VIT_B=0, and writes
-# bench/results/gpu-<date>-<host>-<device>.json. DETR-R50 is not exported by this script: pass the folder that
-# issue 4's export writes (model.onnx + model.json); detectors are posted to /detect.
+# bench/results/gpu-<date>-<host>-<device>.json. DETR-R50 is not exported by this script: write it
+# first with `.venv/bin/python -m export random detr-r50 --to bench/.work/model_repository/detr-r50-random/1`
+# (800x800, random weights) and pass the folder; detectors are posted to /detect.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

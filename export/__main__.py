@@ -50,8 +50,10 @@ def main(argv: list[str] | None = None) -> None:
     hf.add_argument("folder", type=Path, help="holds config.json, preprocessor_config.json and the weights")
     hf.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
     hf.add_argument("--opset", type=int, default=DEFAULT_OPSET)
-    random = commands.add_parser("random", help="export a named ViT config with random weights (benchmarks only)")
-    random.add_argument("config", help="a models.vit config name, e.g. vit-ti16, vit-b16")
+    random = commands.add_parser(
+        "random", help="export a named ViT config, or detr-r50, with random weights (benchmarks only)"
+    )
+    random.add_argument("config", help="a models.vit config name, e.g. vit-ti16, vit-b16; or detr-r50")
     random.add_argument("--to", type=Path, required=True, help="<repository>/<name>/<version>")
     random.add_argument("--num-classes", type=int, default=1000)
     random.add_argument("--seed", type=int, default=0)

@@ -1,6 +1,7 @@
-"""A named ViT config with random weights -> ``model.onnx`` + ``model.json``, for benchmarks.
+"""A named ViT config, or DETR-R50, with random weights -> ``model.onnx`` + ``model.json``, for benchmarks.
 
     python -m export random vit-ti16 --to bench/.work/model_repository/vit-ti16-random/1
+    python -m export random detr-r50 --to bench/.work/model_repository/detr-r50-random/1
 
 The graph has the architecture and cost of the real model (ViT-Ti/16 at 224: 5.7 M
 parameters, 1.26 GFLOPs per image) and predicts nothing useful: its manifest says so
@@ -16,18 +17,22 @@ from pathlib import Path
 import torch
 
 from export.onnx_export import export_info, export_onnx, parity
+from models import detr
 from models.vit import CONFIGS, build
 from service.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
 
 # The Hugging Face ViTImageProcessor's defaults (google/vit-base-patch16-224): stretch, bilinear, mean = std = 0.5.
 HF_VIT_MEAN = HF_VIT_STD = [0.5, 0.5, 0.5]
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]  # DETR's normalisation
 
 
 def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int = 0, opset: int) -> Manifest:
     """Export ``models.vit.CONFIGS[config]`` with random (seeded, timm-style) weights.
 
     Args:
-        config: a ViT config name, e.g. "vit-ti16" or "vit-b16".
+        config: a ViT config name, e.g. "vit-ti16" or "vit-b16", or "detr-r50" (the paper's
+            DETR-R50, ``models.detr.CONFIGS``: a detector at a fixed 800x800, stretched,
+            outputs ``pred_logits`` and ``pred_boxes``; ``num_classes`` is ignored: COCO's 91).
         out: the model version folder to write (``<repository>/<name>/<version>``).
         num_classes: outputs of the head; labels are "class_0" ... .
         seed: torch's seed for the initialisation and the parity inputs.
@@ -40,8 +45,10 @@ def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int 
         ValueError: an unknown config name.
         ParityError: ONNX Runtime and PyTorch differ by more than 1e-4.
     """
+    if config == "detr-r50":
+        return _export_random_detr(out, seed=seed, opset=opset)
     if config not in CONFIGS:
-        raise ValueError(f"unknown ViT config {config!r}; known: {sorted(CONFIGS)}")
+        raise ValueError(f"unknown ViT config {config!r}; known: {sorted(CONFIGS)} and detr-r50")
     torch.manual_seed(seed)
     model = build(config, num_classes=num_classes).eval()
     c, size = model.config.in_channels, model.config.image_size
@@ -68,6 +75,42 @@ def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int 
         provenance=Provenance(
             training_data=f"none: random weights (timm-style initialisation, torch seed {seed})",
             recipe=f"python -m export random {config} --to {out} --seed {seed}",
+            metrics={},
+            export=export_info(opset, diffs),
+            notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",
+        ),
+    )
+    write_manifest(manifest, out / "model.json")
+    return manifest
+
+
+def _export_random_detr(out: Path, *, seed: int, opset: int) -> Manifest:
+    torch.manual_seed(seed)
+    model = detr.build("detr-r50")
+    graph, config = detr.DETRForExport(model).eval(), model.config
+    height, width = config.image_size
+    inputs = torch.randn(2, 3, height, width)  # (B, 3, H, W)
+    path = out / "model.onnx"
+    export_onnx(graph, inputs, path, output_names=("pred_logits", "pred_boxes"), opset=opset)
+    diffs = parity(graph, path, [inputs[:1], inputs])
+    manifest = Manifest(
+        schema_version=SCHEMA_VERSION,
+        task="detection",
+        description=f"DETR-R50 (ResNet-50, d=256, 6+6 layers, {config.num_queries} queries, {height}x{width}) "
+        "with RANDOM weights: for benchmarks only, its detections mean nothing",
+        input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", 3, height, width]),
+        outputs=["pred_logits", "pred_boxes"],
+        preprocessing=Preprocessing(
+            color_mode="RGB",
+            size={"height": height, "width": width},
+            interpolation="bilinear",
+            mean=IMAGENET_MEAN,
+            std=IMAGENET_STD,
+        ),
+        labels=[f"class_{i}" for i in range(config.num_classes)] + ["no-object"],
+        provenance=Provenance(
+            training_data=f"none: random weights (PyTorch's default initialisation, torch seed {seed})",
+            recipe=f"python -m export random detr-r50 --to {out} --seed {seed}",
             metrics={},
             export=export_info(opset, diffs),
             notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",

@@ -1,8 +1,9 @@
 """Dynamic batching: concurrent requests for one model version share one ONNX Runtime call.
 
 One :class:`Batcher` per model version and worker process; ``await submit(x, deadline=...)``
-queues one input and returns its row of every output. The loop runs one batch at a time, each
-turn the same steps: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
+queues one input and returns its row of every output. The loop hands each batch to a free
+runner (``PATCHSERVE_INSTANCES`` sessions: that many batches in flight), each turn the same
+steps: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
 **Collect.** The oldest queued request leads the next batch; queued requests of its shape join
 it, oldest first. The batch leaves, and the reason is recorded (``patchserve_batches_total``

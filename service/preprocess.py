@@ -105,7 +105,7 @@ class Preprocessor:
                 max(1, min(self.size[1], round(height * scale))),
             )
         h, w = keep_aspect_size(height, width, self.spec.shortest_edge, self.spec.longest_edge)
-        return (w, h)
+        return (max(1, w), max(1, h))  # a 1 x 40000 strip would otherwise get a side of 0 pixels
 
     def box_scale(self, image_size: tuple[int, int], displayed_size: tuple[int, int]) -> tuple[float, float]:
         """Pixels of the displayed image per unit of normalised input coordinate, (sx, sy).

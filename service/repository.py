@@ -148,7 +148,7 @@ def load_repository(
     batching: BatchingConfig,
     intra_op_threads: int = 0,
     inter_op_threads: int = 0,
-    intra_op_spinning: bool = True,
+    intra_op_spinning: bool = False,
     io_binding: bool = False,
     cuda: CudaOptions | None = None,
     instances: int = 1,

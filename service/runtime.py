@@ -111,7 +111,7 @@ class OrtRunner:
         device: Literal["auto", "cuda", "cpu"],
         intra_op_threads: int = 0,
         inter_op_threads: int = 0,
-        intra_op_spinning: bool = True,
+        intra_op_spinning: bool = False,
         io_binding: bool = False,
         cuda: CudaOptions | None = None,
     ) -> None:

@@ -98,3 +98,14 @@ def test_committed_detr_manifest_records_parity_and_the_ap_it_measures() -> None
     trained = json.loads((COMMITTED / "metrics.json").read_text())
     assert trained["test_AP"] == pytest.approx(metrics["test_AP_pytorch"])
     assert abs(trained["test_AP"] - metrics["test_AP"]) < 0.005  # PyTorch and ONNX Runtime agree
+
+
+@pytest.mark.slow
+def test_export_random_writes_a_detr_r50_the_server_can_load(tmp_path) -> None:
+    from export.random_weights import export_random
+
+    manifest = export_random("detr-r50", tmp_path / "detr-r50-random" / "1", opset=18)
+    assert manifest.task == "detection" and manifest.outputs == ["pred_logits", "pred_boxes"]
+    assert len(manifest.labels) == 92 and manifest.labels[-1] == "no-object"
+    assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
+    assert load_manifest(tmp_path / "detr-r50-random" / "1" / "model.json") == manifest

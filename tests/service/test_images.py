@@ -98,3 +98,17 @@ def test_jpeg_draft_mode_decodes_a_large_photo_smaller() -> None:
     assert (decoded.width, decoded.height) == (2400, 1600)  # the full-resolution size is reported
     # DCT-scaled by 1/4 while decoding: the smallest scale that keeps both sides >= 224 (1/8 gives 300x200).
     assert decoded.image.size == (600, 400)
+
+
+def test_a_strip_one_pixel_wide_keeps_a_side_of_at_least_one_pixel_under_shortest_edge() -> None:
+    from PIL import Image
+
+    from service.manifest import Preprocessing
+    from service.preprocess import Preprocessor
+
+    spec = Preprocessing(
+        color_mode="RGB", resize="shortest_edge", shortest_edge=800, longest_edge=1333, mean=[0.5] * 3, std=[0.5] * 3
+    )
+    preprocessor = Preprocessor(spec)
+    assert preprocessor.content_size(40000, 1) == (1333, 1)  # (width, height); the exact arithmetic gives 0
+    assert preprocessor(Image.new("RGB", (40000, 1))).shape == (3, 1, 1333)
