@@ -120,12 +120,13 @@ def heatmap_image(
     left, top, right, bottom = (round(v) for v in region)
     left, top = max(0, left), max(0, top)
     right, bottom = min(width, max(right, left + 1)), min(height, max(bottom, top + 1))
-    pixels = np.asarray(base, dtype=np.float32) * outside  # (H, W, 3), dimmed everywhere first
-    inside = np.asarray(base.crop((left, top, right, bottom)), dtype=np.float32)  # (h, w, 3)
-    smooth = Image.fromarray(scaled.astype(np.float32), mode="F").resize((right - left, bottom - top), Image.BILINEAR)
-    index = np.clip(np.asarray(smooth) * 255.0 + 0.5, 0, 255).astype(np.uint8)  # (h, w)
-    pixels[top:bottom, left:right] = (1 - alpha) * inside + alpha * COLORMAP[index].astype(np.float32)
-    out = Image.fromarray(np.clip(pixels + 0.5, 0, 255).astype(np.uint8), mode="RGB")
+    # All in 8 bits (3 bytes a pixel, whatever the photo's size): dim everything, then blend the
+    # colour map over the region.
+    inside = base.crop((left, top, right, bottom))  # (h, w) RGB
+    levels = Image.fromarray(np.clip(scaled * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L")
+    index = np.asarray(levels.resize((right - left, bottom - top), Image.BILINEAR))  # (h, w) uint8
+    out = base.point(lambda v: int(v * outside + 0.5))
+    out.paste(Image.blend(inside, Image.fromarray(COLORMAP[index], mode="RGB"), alpha), (left, top))
     if caption:
         draw = ImageDraw.Draw(out)
         font = _font(max(10, height // 16))
