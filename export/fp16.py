@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from service.images import decode_image
+from service.inference import decode_and_preprocess
 from service.manifest import load_manifest, write_manifest
 from service.preprocess import Preprocessor
 
@@ -81,19 +81,7 @@ def image_files(sources: Iterable[Path], limit: int | None = None) -> list[bytes
 def preprocess_all(model_dir: Path, payloads: Sequence[bytes]) -> np.ndarray:
     """Decode and preprocess every payload as the server does: float32 (N, C, H, W)."""
     preprocessor = Preprocessor(load_manifest(model_dir / "model.json").preprocessing)
-    return np.stack(
-        [
-            preprocessor(
-                decode_image(
-                    data,
-                    color_mode=preprocessor.spec.color_mode,
-                    max_pixels=40_000_000,
-                    draft_size=preprocessor.draft_size,
-                ).image
-            )
-            for data in payloads
-        ]
-    )
+    return np.stack([decode_and_preprocess(preprocessor, data, max_pixels=40_000_000)[1] for data in payloads])
 
 
 def top1_agreement(fp32: Path, fp16: Path, inputs: np.ndarray, *, batch_size: int = 32) -> float:

@@ -72,13 +72,7 @@ def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int 
             std=HF_VIT_STD[:c],
         ),
         labels=[f"class_{i}" for i in range(num_classes)],
-        provenance=Provenance(
-            training_data=f"none: random weights (timm-style initialisation, torch seed {seed})",
-            recipe=f"python -m export random {config} --to {out} --seed {seed}",
-            metrics={},
-            export=export_info(opset, diffs),
-            notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",
-        ),
+        provenance=_provenance(config, out, "timm-style", seed, opset, diffs),
     )
     write_manifest(manifest, out / "model.json")
     return manifest
@@ -108,13 +102,18 @@ def _export_random_detr(out: Path, *, seed: int, opset: int) -> Manifest:
             std=IMAGENET_STD,
         ),
         labels=[f"class_{i}" for i in range(config.num_classes)] + ["no-object"],
-        provenance=Provenance(
-            training_data=f"none: random weights (PyTorch's default initialisation, torch seed {seed})",
-            recipe=f"python -m export random detr-r50 --to {out} --seed {seed}",
-            metrics={},
-            export=export_info(opset, diffs),
-            notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",
-        ),
+        provenance=_provenance("detr-r50", out, "PyTorch's default", seed, opset, diffs),
     )
     write_manifest(manifest, out / "model.json")
     return manifest
+
+
+def _provenance(config: str, out: Path, init: str, seed: int, opset: int, diffs: dict[str, float]) -> Provenance:
+    """A random-weight graph's provenance: no training data, no metrics, never to be served."""
+    return Provenance(
+        training_data=f"none: random weights ({init} initialisation, torch seed {seed})",
+        recipe=f"python -m export random {config} --to {out} --seed {seed}",
+        metrics={},
+        export=export_info(opset, diffs),
+        notes="Built by bench/ to measure serving speed; never commit or serve it as a model.",
+    )

@@ -10,12 +10,11 @@ input patch.
 
 from __future__ import annotations
 
-import io
-
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from service.preprocess import Preprocessor
+from service.render import displayed_canvas, png_bytes
 
 # Anchors of a dark-to-bright colour map (close to matplotlib's "inferno"), interpolated to 256.
 _ANCHORS = np.array(
@@ -82,13 +81,6 @@ def rollout_grid(attentions: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
     return rollout(attentions).reshape(rows, cols)
 
 
-def _font(size: int) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
-    try:
-        return ImageFont.load_default(size=size)  # scalable with FreeType (Pillow >= 10.1)
-    except (TypeError, OSError):
-        return ImageFont.load_default()
-
-
 def heatmap_image(
     image: Image.Image,
     heat: np.ndarray,
@@ -129,19 +121,12 @@ def heatmap_image(
     out.paste(Image.blend(inside, Image.fromarray(COLORMAP[index], mode="RGB"), alpha), (left, top))
     if caption:
         draw = ImageDraw.Draw(out)
-        font = _font(max(10, height // 16))
+        font = ImageFont.load_default(size=max(10, height // 16))
         x0, y0, x1, y1 = draw.textbbox((0, 0), caption, font=font)
         pad = max(2, (y1 - y0) // 4)
         draw.rectangle((0, 0, x1 - x0 + 2 * pad, y1 - y0 + 2 * pad), fill=(0, 0, 0))
         draw.text((pad - x0, pad - y0), caption, fill=(255, 255, 255), font=font)
     return out
-
-
-def png_bytes(image: Image.Image) -> bytes:
-    """``image`` encoded as PNG (zlib level 3: fast, still compact)."""
-    buffer = io.BytesIO()
-    image.save(buffer, format="PNG", compress_level=3)
-    return buffer.getvalue()
 
 
 def render_png(
@@ -169,9 +154,7 @@ def render_png(
     Returns:
         PNG bytes of an RGB picture of ``size``.
     """
-    canvas = image.convert("RGB")
-    if canvas.size != tuple(size):
-        canvas = canvas.resize(size, Image.Resampling.BILINEAR)
+    canvas = displayed_canvas(image, size)
     region = preprocessor.input_region(*size)
     heat = rollout_grid(attentions, grid)
     return png_bytes(heatmap_image(canvas, heat, region, caption=caption))

@@ -21,6 +21,7 @@ from service import metrics
 from service.batching import InferenceResult
 from service.errors import BadRequest, ProblemError, Unavailable
 from service.images import DecodedImage, decode_image
+from service.preprocess import Preprocessor
 from service.repository import ModelVersion
 
 
@@ -45,7 +46,18 @@ class ImageOutcome:
 
 def _decode_and_preprocess(model: ModelVersion, data: bytes, max_pixels: int) -> tuple[DecodedImage, np.ndarray]:
     """Blocking: runs in the decode thread pool. Returns the image and its (C, H, W) input."""
-    preprocessor = model.preprocessor
+    return decode_and_preprocess(model.preprocessor, data, max_pixels)
+
+
+def decode_and_preprocess(preprocessor: Preprocessor, data: bytes, max_pixels: int) -> tuple[DecodedImage, np.ndarray]:
+    """An image file as the server reads it: decoded (JPEG draft, EXIF, background) and preprocessed.
+
+    Returns:
+        The decoded image and its float32 (C, H, W) model input.
+
+    Raises:
+        InvalidImage, PayloadTooLarge: as :func:`service.images.decode_image`.
+    """
     decoded = decode_image(
         data,
         color_mode=preprocessor.spec.color_mode,

@@ -51,9 +51,7 @@ def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], si
     Returns:
         A new RGB image of ``size``.
     """
-    canvas = image.convert("RGB")
-    if canvas.size != tuple(size):
-        canvas = canvas.resize(size, Image.Resampling.BILINEAR)
+    canvas = displayed_canvas(image, size)
     width, height = canvas.size
     stroke = line_width(width, height)
     font = ImageFont.load_default(size=font_size(width, height))
@@ -73,8 +71,16 @@ def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], si
     return canvas
 
 
+def displayed_canvas(image: Image.Image, size: tuple[int, int]) -> Image.Image:
+    """``image`` in RGB at ``size`` (width, height): the displayed size, when it was decoded smaller."""
+    canvas = image.convert("RGB")
+    if canvas.size != tuple(size):
+        canvas = canvas.resize(size, Image.Resampling.BILINEAR)
+    return canvas
+
+
 def png_bytes(image: Image.Image) -> bytes:
-    """The image as PNG file bytes."""
+    """The image as PNG file bytes (zlib level 3: fast, still compact)."""
     buffer = io.BytesIO()
-    image.save(buffer, format="PNG")
+    image.save(buffer, format="PNG", compress_level=3)
     return buffer.getvalue()

@@ -52,9 +52,33 @@ def test_the_server_runs_the_float16_copy_unchanged(half, digits_test_split) -> 
     assert np.abs(got - expected).max() < 0.05  # float16 rounding, no more
 
 
-def test_agreement_counts_matching_top1_classes(half) -> None:
-    x = np.random.default_rng(0).standard_normal((5, 1, 8, 8)).astype(np.float32)
-    assert fp16.top1_agreement(COMMITTED / "model.onnx", COMMITTED / "model.onnx", x) == 1.0
+def _first_pixels_as_logits(path, start: int) -> None:
+    """A graph (B, 1, 8, 8) -> logits (B, 10): pixels start .. start + 9 of each flattened image."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    bounds = (("s", start), ("e", start + 10), ("a", 1))
+    consts = [helper.make_tensor(name, TensorProto.INT64, [1], [value]) for name, value in bounds]
+    graph = helper.make_graph(
+        [helper.make_node("Flatten", ["x"], ["flat"]), helper.make_node("Slice", ["flat", "s", "e", "a"], ["logits"])],
+        "pixels",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 1, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["B", 10])],
+        initializer=consts,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)], ir_version=10), path)
+
+
+def test_agreement_counts_matching_top1_classes(tmp_path) -> None:
+    first, second = tmp_path / "first.onnx", tmp_path / "second.onnx"
+    _first_pixels_as_logits(first, 0)
+    _first_pixels_as_logits(second, 10)
+    x = np.zeros((5, 1, 8, 8), np.float32)
+    flat = x.reshape(5, 64)
+    for row, (a, b) in enumerate([(3, 3), (7, 7), (1, 2), (0, 9), (4, 4)]):  # rows 0, 1, 4 agree
+        flat[row, a], flat[row, 10 + b] = 1.0, 1.0
+    assert fp16.top1_agreement(first, second, x, batch_size=2) == 3 / 5
+    assert fp16.top1_agreement(first, first, x) == 1.0
 
 
 def test_image_files_reads_folders_and_archives_up_to_a_limit(tmp_path) -> None:
