@@ -33,7 +33,7 @@ import numpy as np
 from PIL import Image
 
 DIGIT_CLASSES = [str(i) for i in range(10)]
-SPLIT_SIZES = {"train": 10_000, "val": 500, "test": 500}
+SPLIT_SIZES = {"train": 60_000, "val": 500, "test": 500}
 _SPLIT_IDS = {"train": 0, "val": 1, "test": 2}
 SEED = 2020  # DETR's year
 EXAMPLE_INDEX, EXAMPLE_SCALE = 4, 3  # examples/canvas.png: test canvas 4 (five digits), enlarged 3x
