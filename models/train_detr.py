@@ -20,7 +20,8 @@ rate, all 7,000 steps dropped at 5,000 on 10,000 canvases; ``--lr-backbone 3e-5`
 
 writes ``checkpoint.pt`` (the weights and everything export needs), ``last.pt`` (to
 ``--resume`` from), ``metrics.json`` and ``training_curves.png`` into ``--out``; the
-generated splits are cached under ``--data`` (default ``data/detr-digits``).
+generated splits are cached under ``--data`` (default ``data/detr-digits``; the 60,000 train
+canvases take about 0.5 GB there and 4 GB of memory as float32 inputs).
 """
 
 from __future__ import annotations
