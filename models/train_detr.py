@@ -8,13 +8,11 @@ Then DETR's Hungarian set loss with auxiliary decoding losses, AdamW lr 3e-4 for
 transformer, the heads and the backbone alike, weight decay 1e-4, batch 32, gradients clipped
 at 0.1 (DETR's ``clip_max_norm``), 200 linear warm-up steps, then a constant rate dropped 10x
 at ``--lr-drop`` (DETR drops once, late). DETR trains its ImageNet backbone at a tenth of the
-rate; this small backbone, pretrained only briefly, needs the full rate for the boxes to
-tighten (test AP 0.655 at a tenth, 0.677 at a tenth kept through the drop, 0.748 at the full
-rate, all 7,000 steps dropped at 5,000 on 10,000 canvases; ``--lr-backbone 3e-5`` and
-``--keep-backbone-lr`` give the others). A longer schedule on more canvases reached the target
-(test AP 0.786 on 10,000 canvases, 0.808 on 60,000, both 9,500 steps dropped at 7,000). Val AP
-(COCOeval) is measured every ``--eval-every`` steps, test AP once at the end. The defaults,
-60,000 train canvases (``--train-images``), 9,500 steps, the drop at 7,000:
+rate (``--lr-backbone 3e-5``, ``--keep-backbone-lr``); this small backbone, pretrained only
+briefly, needs the full rate for the boxes to tighten, and a schedule this long on this many
+canvases to reach AP 0.80 (the runs compared: README, Detection, and ``docs/detr-digits-recipes``).
+Val AP (COCOeval) is measured every ``--eval-every`` steps, test AP once at the end. The
+defaults, 60,000 train canvases (``--train-images``), 9,500 steps, the drop at 7,000:
 
     python -m models.train_detr --out runs/detr-digits
 
@@ -195,7 +193,8 @@ def train(
         backbone_lr_drop: drop the backbone's rate at ``lr_drop`` too (DETR's schedule; False keeps it).
         pretrain_steps: steps of :func:`pretrain_backbone` first (0: train from scratch).
         threads: torch CPU threads.
-        split_sizes: canvases per split (default ``SPLIT_SIZES``; smaller for tests).
+        split_sizes: canvases per split (default ``SPLIT_SIZES``; ``--train-images`` sets train's,
+            tests make all smaller).
         resume: a ``last.pt`` to continue from (same recipe).
 
     Returns:
