@@ -29,6 +29,7 @@ CLASSIFY = "/v1/models/vit-digits/classify"
 DASHBOARD = ROOT / "docker" / "grafana" / "dashboards" / "patchserve.json"
 HOW = "`make test` installs Debian's prometheus package, which ships promtool"
 N = 120
+REST = 24  # requests sent while the workers that served the others are stopped
 
 
 def seed_stale_counter(folder: Path) -> None:
@@ -59,6 +60,21 @@ def worker_pids(supervisor: int) -> list[int]:
         if int(fields[1]) == supervisor and b"spawn_main" in cmdline and fields[0] != "Z":
             pids.append(int(stat.parent.name))
     return sorted(pids)
+
+
+def served_pids(log_path: Path, at_least: int = 0, timeout: float = 10) -> set[int]:
+    """The worker processes whose access log shows a 200 for the classify route, once the log
+    holds ``at_least`` such lines (a worker logs a request just after answering it)."""
+    give_up = time.monotonic() + timeout
+    while True:
+        lines = [
+            json.loads(line)
+            for line in log_path.read_text().splitlines()
+            if line.startswith("{") and '"status": 200' in line and CLASSIFY in line
+        ]
+        if len(lines) >= at_least or time.monotonic() > give_up:
+            return {line["pid"] for line in lines}
+        time.sleep(0.05)
 
 
 async def post_many(url: str, n: int, concurrency: int) -> list[int]:
@@ -180,7 +196,22 @@ def test_counts_are_exact_across_4_workers_and_after_one_is_killed(tmp_path: Pat
         wait_until_every_worker_is_ready(process.log_path, workers=4)
         host_port = url.removeprefix("http://")
         with prometheus(host_port, tmp_path / "prometheus") as prom:
-            statuses = asyncio.run(post_many(url, N, concurrency=12))
+            # Which worker accepts a connection is the kernel's choice (it may give all of them to
+            # one). So that several workers serve whatever it chooses: most of the load, then the
+            # workers that served it are stopped (SIGSTOP: they cannot accept) and the rest, on new
+            # connections, can only go to the others. The rest is small: the supervisor replaces a
+            # worker that misses its 5 s health ping, and 24 tiny requests take well under that.
+            statuses = asyncio.run(post_many(url, N - REST, concurrency=12))
+            first = served_pids(process.log_path, at_least=N - REST)
+            stopped = sorted(first)[:3]  # never all four: one must be left to accept
+            assert stopped, "no request was logged"
+            for pid in stopped:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                statuses += asyncio.run(post_many(url, REST, concurrency=12))
+            finally:
+                for pid in stopped:
+                    os.kill(pid, signal.SIGCONT)
             assert statuses == [200] * N
 
             scrapes = [httpx.get(url + "/metrics").text for _ in range(8)]  # 8 scrapes land on several workers
@@ -197,13 +228,9 @@ def test_counts_are_exact_across_4_workers_and_after_one_is_killed(tmp_path: Pat
             check = subprocess.run([promtool, "check", "metrics"], input=scrapes[0], capture_output=True, text=True)
             assert check.returncode == 0 and check.stdout == check.stderr == "", check.stdout + check.stderr
 
-            served_by = {
-                json.loads(line)["pid"]
-                for line in process.log_path.read_text().splitlines()
-                if line.startswith("{") and '"status": 200' in line and CLASSIFY in line
-            }
+            served_by = served_pids(process.log_path, at_least=N)
             workers = worker_pids(process.pid)
-            assert len(workers) == 4 and served_by <= set(workers) and len(served_by) >= 2, (served_by, workers)
+            assert len(workers) == 4 and served_by <= set(workers) and len(served_by) >= 2, (served_by, first, workers)
 
             victim = max(served_by)
             os.kill(victim, signal.SIGKILL)
