@@ -185,9 +185,14 @@ def pip(args: Sequence[str], *, offline: bool = False) -> str:
 
 def read_lock(path: Path) -> list[Pin]:
     """The pins of a lock file written by :func:`lock`."""
+    return read_lock_text(path.read_text())
+
+
+def read_lock_text(text: str) -> list[Pin]:
+    """The pins of a lock file's text (its comment lines skipped)."""
     pins = []
     pattern = re.compile(r"^(\S+)==(\S+) --hash=sha256:([0-9a-f]{64})  # ([^;]+);")
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if match := pattern.match(line):
             pins.append(Pin(match[1], match[2], match[3], match[4]))
     return pins
