@@ -4,6 +4,7 @@
 #   make models  retrain and re-export the committed models
 #   make bench   the side-by-side benchmark (bench/run.py); not part of make test. BENCH_ARGS=... passes options
 #   make profile where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
+#   make gpu-kit the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
 
 PYTHON ?= python3
 SERVE_VENV := .venv-serve
@@ -12,7 +13,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools
+.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -92,12 +93,19 @@ bench: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.profile $(PROFILE_ARGS)
 
+# Downloads ~250 MiB from PyPI (onnxruntime-gpu is 244 MiB), checks every sha256 against
+# bench/gpu_kit/lock-cp312-gpu.txt, writes .gpu-kit/cp312-gpu/parts/NN/ and checks that the set
+# resolves offline for CPython 3.12. Re-lock after changing the serving dependencies:
+# `$(DEV_VENV)/bin/python -m bench.gpu_kit lock --target cp312-gpu` (and cp311-cpu, cp311-device).
+gpu-kit: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/python -m bench.gpu_kit build --target cp312-gpu
+
 lint: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench
+	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench .gpu-kit
 
 # Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
 # nothing is downloaded) and print the parity each import measured: the README's figures.

@@ -18,6 +18,7 @@ import argparse
 import json
 import logging
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from bench.gpu_kit import collect, kit
@@ -32,15 +33,20 @@ def _images(size: str = "640x480") -> list[Path]:
     return images.prepare(kit.ROOT / "bench" / ".work" / "images")[size]
 
 
-def build(target: kit.Target, out: Path, *, part_bytes: int = kit.PART_BYTES, with_images: bool = True) -> dict:
+def build(
+    target: kit.Target, out: Path, *, part_bytes: int = kit.PART_BYTES, images: Sequence[Path] | None = None
+) -> dict:
     """Download the target's wheels into ``out/wheels``, pack the parts into ``out/parts``, check offline.
+
+    Args:
+        images: the JPEGs the kit carries for bench.gpu (None: bench.images' 640x480 set).
 
     Returns:
         The parts manifest, with ``"check"``: pip's answer to the offline resolution.
     """
     wheels = out / "wheels"
     pins = kit.download(target, wheels)
-    images = _images() if with_images else []
+    images = _images() if images is None else images
     manifest = kit.pack(target, wheels, out, images=images, part_bytes=part_bytes)
     manifest["check"] = kit.check_offline(target, wheels)
     travelling = [p for p in pins if p.travels]
@@ -96,12 +102,12 @@ def main(argv: list[str] | None = None) -> None:
         command.add_argument("--out", type=Path, help="default .gpu-kit/<target>")
         command.add_argument("--part-mib", type=float, default=kit.PART_BYTES / 2**20)
         command.add_argument("--no-images", action="store_true", help="carry no benchmark images")
-    collect = commands.add_parser("collect", help="take in the carried parts; install what is complete")
-    collect.add_argument("--parts", type=Path, required=True, help="the carried parts folder")
-    collect.add_argument("--home", type=Path, default=Path("/tmp/gpu-kit"))
-    check = commands.add_parser("verify", help="the kit's onnxruntime is imported and gets the device")
-    check.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
-    check.add_argument("--home", type=Path, default=Path("/tmp/gpu-kit"))
+    taking = commands.add_parser("collect", help="take in the carried parts; install what is complete")
+    taking.add_argument("--parts", type=Path, required=True, help="the carried parts folder")
+    taking.add_argument("--home", type=Path, default=Path("/tmp/gpu-kit"))
+    verifying = commands.add_parser("verify", help="the kit's onnxruntime is imported and gets the device")
+    verifying.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    verifying.add_argument("--home", type=Path, default=Path("/tmp/gpu-kit"))
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
@@ -113,7 +119,7 @@ def main(argv: list[str] | None = None) -> None:
                 pins = kit.lock(target)
                 print(f"wrote {target.lock}: {len(pins)} wheels, {sum(p.travels for p in pins)} travel")
             elif args.command == "build":
-                build(target, out, part_bytes=int(args.part_mib * 2**20), with_images=not args.no_images)
+                build(target, out, part_bytes=int(args.part_mib * 2**20), images=[] if args.no_images else None)
             else:
                 print(kit.check_offline(target, out / "wheels").strip())
         elif args.command == "collect":
