@@ -64,8 +64,11 @@ def build(
     return manifest
 
 
-def verify(device: str, home: Path) -> dict:
+def verify(device: str, home: Path, report_path: Path | None = None) -> dict:
     """Check that the kit's ONNX Runtime is the one imported and that it gets the provider ``device`` asks for.
+
+    The report (which onnxruntime, from where, which providers) is printed, and written to
+    ``report_path`` when given, before any check can fail.
 
     Raises:
         SystemExit: onnxruntime is imported from elsewhere, or CUDA is missing where asked for.
@@ -75,8 +78,6 @@ def verify(device: str, home: Path) -> dict:
     sites = [str(p.resolve()) for p in collect.site_dirs(home)]
     where = str(Path(ort.__file__).resolve())
     report = {"onnxruntime": ort.__version__, "file": where, "sites": sites}
-    if not any(where.startswith(site) for site in sites):
-        sys.exit(f"onnxruntime {ort.__version__} comes from {where}, not from the kit ({sites}): check PYTHONPATH")
     if hasattr(ort, "preload_dlls"):
         ort.preload_dlls()  # the CUDA and cuDNN libraries of the machine's nvidia-* packages
     report["available"] = ort.get_available_providers()
@@ -84,10 +85,14 @@ def verify(device: str, home: Path) -> dict:
     wanted = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
     report["session"] = ort.InferenceSession(str(graph), providers=wanted).get_providers()
     print(json.dumps(report, indent=1))
+    if report_path:
+        report_path.write_text(json.dumps(report, indent=1) + "\n")
     if device == "cuda" and not (
         "CUDAExecutionProvider" in report["available"] and report["session"][0] == "CUDAExecutionProvider"
     ):
         sys.exit(f"CUDA asked for, but available {report['available']}, session {report['session']}")
+    if not any(where.startswith(site) for site in sites):
+        sys.exit(f"onnxruntime {ort.__version__} comes from {where}, not from the kit ({sites}): check PYTHONPATH")
     return report
 
 
@@ -108,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     verifying = commands.add_parser("verify", help="the kit's onnxruntime is imported and gets the device")
     verifying.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     verifying.add_argument("--home", type=Path, default=Path("/tmp/gpu-kit"))
+    verifying.add_argument("--report", type=Path, help="also write the report (JSON) here")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
 
@@ -129,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
                 print(f"kit incomplete: carry parts {' '.join(status['parts']['missing'])} next (docs/gpu.md)")
                 sys.exit(kit.INCOMPLETE)
         else:
-            verify(args.device, args.home)
+            verify(args.device, args.home, args.report)
     except kit.KitError as exc:
         sys.exit(f"python -m bench.gpu_kit {args.command}: {exc}")
 

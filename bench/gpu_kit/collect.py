@@ -97,11 +97,13 @@ def collect(carried: Path, home: Path) -> dict:
         if not set(_parts_covering(manifest, entry["offset"], entry["size"])) <= set(have):
             continue
         dest.parent.mkdir(parents=True, exist_ok=True)
-        with dest.open("wb") as sink:
+        partial = dest.with_name(dest.name + ".partial")  # renamed once checked: a cut-off call leaves no bad file
+        with partial.open("wb") as sink:
             _read_range(parts, manifest, entry["offset"], entry["size"], sink)
-        if sha256(dest) != entry["sha256"]:
-            dest.unlink()
+        if sha256(partial) != entry["sha256"]:
+            partial.unlink()
             raise KitError(f"{entry['path']}: sha256 is not kit.json's: rebuild the kit")
+        partial.rename(dest)
         complete += 1
     installed = [group for group in ("serve", "ort") if _install_group(manifest, home, group)]
     missing = [p["name"] for p in manifest["parts"] if p["name"] not in have]

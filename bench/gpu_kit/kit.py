@@ -148,9 +148,11 @@ class Pin:
 
     @property
     def group(self) -> str:
+        """The install group: "ort" for ONNX Runtime (installed on its own, last), "serve" for the rest."""
         return "ort" if self.name in LATE else "serve"
 
     def line(self) -> str:
+        """The pin as a line of the lock file (a pip requirement with its hash, and a comment)."""
         note = "travels" if self.travels else "provided by the GPU machine"
         return f"{self.name}=={self.version} --hash=sha256:{self.sha256}  # {self.filename}; {note}"
 

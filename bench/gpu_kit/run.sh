@@ -38,6 +38,10 @@ echo "run.sh $(date -u +%T) boot $(cat /proc/sys/kernel/random/boot_id 2>/dev/nu
 status=$?
 if [ "$status" != 0 ] && [ "$status" != 3 ]; then exit "$status"; fi
 
+if [ -e "$KIT_HOME/models.failed" ]; then  # an export failed in an earlier call: say so, start them again
+  tail -n 20 "$KIT_HOME/models.log"
+  rm -f "$KIT_HOME/models.failed" "$KIT_HOME/models.started"
+fi
 if installed site && [ ! -e "$KIT_HOME/models.started" ]; then
   touch "$KIT_HOME/models.started"
   PYTHONPATH=$KIT_HOME/site setsid nohup bash bench/gpu_kit/models.sh >"$KIT_HOME/models.log" 2>&1 </dev/null &
@@ -49,8 +53,7 @@ if ! installed site-ort; then
 fi
 
 export PYTHONPATH=$KIT_HOME/site-ort:$KIT_HOME/site  # the kit's onnxruntime first: it shadows the machine's
-"$KIT_PYTHON" -m bench.gpu_kit verify --device "$DEVICE" --home "$KIT_HOME" | tee "$OUT/verify.json"
-[ "${PIPESTATUS[0]}" = 0 ] || exit 1
+"$KIT_PYTHON" -m bench.gpu_kit verify --device "$DEVICE" --home "$KIT_HOME" --report "$OUT/verify.json" || exit 1
 for _ in $(seq "${KIT_WAIT:-300}"); do
   [ -e "$KIT_HOME/models.done" ] || [ -e "$KIT_HOME/models.failed" ] && break
   sleep 1
