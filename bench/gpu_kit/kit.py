@@ -72,6 +72,9 @@ PROVIDED = frozenset(
         "pyyaml",
     }
 )
+# The versions the GPU machine has of packages it provides, where KINDS.md's pip list names them:
+# the cp312 lock resolves against them, so the offline check proves the kit works with what is there.
+GPU_MACHINE_PINS = ("numpy==2.5.2", "onnx==1.23.1")
 LATE = frozenset({"onnxruntime", "onnxruntime-gpu"})  # the "ort" group, last in the stream
 ENV_OFFLINE = {"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INPUT": "1", "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
 INCOMPLETE = 3  # collect's exit status while parts are still missing
@@ -121,7 +124,7 @@ def _project_requirements(onnxruntime_extra: str) -> tuple[str, ...]:
 
 
 TARGETS = {
-    "cp312-gpu": Target("cp312-gpu", "3.12", _project_requirements("gpu")),
+    "cp312-gpu": Target("cp312-gpu", "3.12", (*_project_requirements("gpu"), *GPU_MACHINE_PINS)),
     "cp311-cpu": Target("cp311-cpu", "3.11", _project_requirements("cpu")),
     # What the GPU machine has that the kit relies on, onnxruntime 1.30 (CPU) included, for Python 3.11.
     "cp311-device": Target(
@@ -248,6 +251,8 @@ def download(target: Target, wheels: Path) -> list[Pin]:
     """
     pins = read_lock(target.lock)
     wheels.mkdir(parents=True, exist_ok=True)
+    for stale in set(wheels.glob("*.whl")) - {wheels / pin.filename for pin in pins}:
+        stale.unlink()  # of an earlier lock: the offline check must see this lock's wheels alone
     requirements = ["-r", str(target.lock), "-d", str(wheels)]
     pip(["download", "--quiet", "--no-deps", "--require-hashes", *target.pip_args(), *requirements])
     for pin in pins:
