@@ -9,8 +9,8 @@ as it would there. The parts (8 MiB here, to have several) are handed to
 ``bench/gpu_kit/run.sh`` one per call, as the device tool's ``carry`` would, and the last call
 must show the kit's onnxruntime shadowing the stand-in's and write bench.gpu's results.
 
-Cost, measured on the 2-core development machine shared with other work: 133 s and 149 s in
-two runs (2026-12-01; the kit's build and the stand-in about 35 s with the wheels in pip's
+Cost, measured on the 2-core development machine shared with other work: 133, 149 and 162 s in
+three runs (2026-12-01; the kit's build and the stand-in about 35 s with the wheels in pip's
 cache, the five calls the rest, most of it bench.gpu's servers starting and being measured).
 """
 
