@@ -35,15 +35,22 @@ serve: $(SERVE_VENV)/.installed-$(ORT)
 	$(SERVE_VENV)/bin/python -m service
 
 # Tools the operation tests run: a real Prometheus server and promtool, both from Debian's
-# prometheus package (apt-get, as root; elsewhere install it yourself, or those tests skip —
-# under CI=true they fail instead). hadolint and kubernetes-validate come with the dev extra.
+# prometheus package, and headless Chromium with its chromedriver for the playground's browser
+# test (Debian's chromium and chromium-driver; Selenium uses that driver, never downloads one).
+# apt-get, as root; elsewhere install them yourself, or those tests skip — under CI=true they
+# fail instead. hadolint and kubernetes-validate come with the dev extra.
+TOOL_PACKAGES := prometheus:prometheus prometheus:promtool chromium:chromium chromium-driver:chromedriver
 tools:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	@missing=""; for pair in $(TOOL_PACKAGES); do \
+	  command -v "$${pair#*:}" >/dev/null || missing="$$missing $${pair%%:*}"; \
+	done; \
+	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
+	if [ -n "$${missing# }" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's prometheus package (prometheus, promtool)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	    echo "installing Debian's packages: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else \
-	    echo "prometheus/promtool missing: install Debian's prometheus package"; \
+	    echo "missing tools: install Debian's packages $$missing"; \
 	  fi; \
 	fi
 

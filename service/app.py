@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.admission import EXEMPT_PATHS, AdmissionMiddleware
-from service.api.routes import health, inference, metrics, models, v2
+from service.api.docs import install_docs
+from service.api.routes import health, inference, metrics, models, playground, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
 from service.errors import RepositoryError, install_handlers
@@ -112,7 +113,10 @@ def create_app(settings: Settings) -> FastAPI:
         description="Vision transformers (ViT classifiers, DETR detectors) on ONNX Runtime, with dynamic batching.",
         lifespan=lifespan,
         redirect_slashes=False,  # a POST to .../classify/ is a 404 problem, not a 307 curl will not follow
+        docs_url=None,  # install_docs serves /docs and /redoc from local assets instead of a CDN
+        redoc_url=None,
     )
+    install_docs(app)
     app.state.server = state
     install_handlers(app)
     app.include_router(health.router)
@@ -120,13 +124,16 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(inference.router)
     app.include_router(metrics.router)
     app.include_router(v2.router)
+    if settings.playground:
+        app.include_router(playground.router)
     app.add_middleware(
         AdmissionMiddleware,
         max_in_flight=settings.max_in_flight,
         body_timeout=settings.body_timeout,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
     )
-    add_security_middleware(app, settings)  # outside admission: a request without a key takes no slot
+    public = playground.PUBLIC_PATHS if settings.playground else ()
+    add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
     app.add_middleware(AccessLogMiddleware)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
     return app
