@@ -28,7 +28,13 @@ $(DEV_VENV)/.installed: pyproject.toml
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
 	# torch first, from the local CPU wheel: a bare `torch` requirement would pull a CUDA build.
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
-	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,hf,dev,heic]'
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,hf,dev,heic,otel]'
+	touch $@
+
+# The tests' real servers also need the otel extra (the tracing test exports their spans); a plain
+# `make serve` leaves it out. Installing another ORT build removes this stamp, so it is redone.
+$(SERVE_VENV)/.installed-cpu-otel: $(SERVE_VENV)/.installed-cpu
+	$(SERVE_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,otel]'
 	touch $@
 
 serve: $(SERVE_VENV)/.installed-$(ORT)
@@ -56,7 +62,7 @@ tools:
 
 # The whole suite, every marker (slow and docker included). The docker tests need an engine
 # (.ci/run starts one); the compose files are checked with the docker CLI alone.
-test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu tools
+test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu-otel tools
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider
 

@@ -30,6 +30,7 @@ from service.repository import discover, load_repository
 from service.runtime import CudaOptions
 from service.settings import Settings, load_settings
 from service.state import ServerState
+from service.tracing import Tracer, TracingMiddleware, from_environment, install
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,13 @@ async def _start_models(state: ServerState) -> None:
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     """Build the application for ``settings``.
+
+    Args:
+        settings: the validated settings.
+        tracer: OpenTelemetry tracing of requests and batches (:mod:`service.tracing`); None: off.
+            The app makes it the process's tracer while it runs and shuts it down at the end.
 
     Raises:
         RepositoryError: the model repository or a manifest is invalid.
@@ -98,6 +104,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if tracer is not None:
+            install(tracer)
         loader = asyncio.create_task(_start_models(state))
         yield
         state.draining = True
@@ -106,6 +114,9 @@ def create_app(settings: Settings) -> FastAPI:
             for model in state.repository.all():
                 await model.batcher.stop()
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
+        if tracer is not None:
+            install(None)
+            await asyncio.to_thread(tracer.shutdown)  # flushes the spans still buffered
 
     app = FastAPI(
         title="patchserve",
@@ -135,10 +146,12 @@ def create_app(settings: Settings) -> FastAPI:
     public = playground.PUBLIC_PATHS if settings.playground else ()
     add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
     app.add_middleware(AccessLogMiddleware)
+    if tracer is not None:  # inside the request id (which it records), outside everything that may refuse
+        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=EXEMPT_PATHS | v2.PROBE_PATHS)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
     return app
 
 
 def build_app() -> FastAPI:
-    """Factory for ``uvicorn --factory``: settings from the environment."""
-    return create_app(load_settings())
+    """Factory for ``uvicorn --factory``: settings (and ``OTEL_*`` tracing) from the environment."""
+    return create_app(load_settings(), tracer=from_environment(os.environ))

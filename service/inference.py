@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from service import metrics
+from service import metrics, tracing
 from service.batching import InferenceResult
 from service.errors import BadRequest, ProblemError, Unavailable
 from service.images import DecodedImage, decode_image
@@ -75,9 +75,10 @@ async def _decode(
     async with limit:
         started = time.perf_counter()
         try:
-            decoded, x = await asyncio.get_running_loop().run_in_executor(
-                pool, _decode_and_preprocess, model, data, max_pixels
-            )
+            with tracing.decoding():
+                decoded, x = await asyncio.get_running_loop().run_in_executor(
+                    pool, _decode_and_preprocess, model, data, max_pixels
+                )
         except ProblemError as exc:
             return ImageOutcome(index, None, None, exc, time.perf_counter() - started), None
     decode_seconds = time.perf_counter() - started
