@@ -5,6 +5,7 @@
 #   make bench   the side-by-side benchmark (bench/run.py); not part of make test. BENCH_ARGS=... passes options
 #   make profile where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
 #   make gpu-kit the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
+#   make bench-tracing  what OpenTelemetry tracing costs at c=16, off and on in interleaved rounds (bench/tracing.py)
 
 PYTHON ?= python3
 SERVE_VENV := .venv-serve
@@ -13,7 +14,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit
+.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -102,6 +103,10 @@ $(BENCH_MODEL)/model.onnx: | $(DEV_VENV)/.installed
 
 bench: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.run $(BENCH_ARGS)
+
+# On a quiet machine only: it voids rounds where other processes took CPU. TRACING_ARGS=... passes options.
+bench-tracing: $(DEV_VENV)/.installed-bench bench-tools
+	$(DEV_VENV)/bin/python -m bench.tracing $(TRACING_ARGS)
 
 profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.profile $(PROFILE_ARGS)
