@@ -17,7 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.admission import EXEMPT_PATHS, AdmissionMiddleware
-from service.api.docs import install_docs
+from service.api import docs
 from service.api.routes import health, inference, metrics, models, playground, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
@@ -127,7 +127,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         docs_url=None,  # install_docs serves /docs and /redoc from local assets instead of a CDN
         redoc_url=None,
     )
-    install_docs(app)
+    docs.install_docs(app)
     app.state.server = state
     install_handlers(app)
     app.include_router(health.router)
@@ -143,7 +143,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         body_timeout=settings.body_timeout,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
     )
-    public = playground.PUBLIC_PATHS if settings.playground else ()
+    public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())
     add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
     app.add_middleware(AccessLogMiddleware)
     if tracer is not None:  # inside the request id (which it records), outside everything that may refuse

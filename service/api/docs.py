@@ -22,6 +22,9 @@ STATIC_URL = "/docs/static"
 ASSETS = Path(fastapi_offline.__file__).resolve().parent / "static"
 _MEDIA_TYPES = {"swagger-ui-bundle.js": "text/javascript", "swagger-ui.css": "text/css", "favicon.png": "image/png"}
 _REDOC = "redoc.standalone.js"
+# Files of public packages, holding no data: served without an API key, so that adding /docs,
+# /redoc and /openapi.json to PATCHSERVE_AUTH_PUBLIC_PATHS is all it takes to browse the docs.
+PUBLIC_PATHS: tuple[str, ...] = tuple(f"{STATIC_URL}/{name}" for name in (*_MEDIA_TYPES, _REDOC))
 _REDOC_CDN_LOGO = b"https://cdn.redoc.ly/redoc/logo-mini.svg"
 
 

@@ -10,6 +10,7 @@ host but the server. It saves the screenshot ``docs/playground.md`` shows.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import tempfile
@@ -23,7 +24,9 @@ import pytest
 from tests.conftest import ROOT, require_tool, running_app, server_process
 
 EXAMPLES = ROOT / "examples"
-SCREENSHOTS = ROOT / "docs" / "playground"
+# The docs' screenshots are retaken with UPDATE_SCREENSHOTS=1 (the timings in them change every
+# run, so a plain run leaves the committed ones alone and saves its own under pytest's tmp_path).
+DOCS_SCREENSHOTS = ROOT / "docs" / "playground"
 _URL = re.compile(r"""(?:src|href)\s*=\s*["']([^"']+)["']""")
 
 
@@ -50,11 +53,14 @@ async def test_the_page_and_its_files_are_served_with_a_policy_that_allows_only_
 
 
 @pytest.mark.anyio
-async def test_the_page_is_public_when_keys_are_set_and_the_api_is_not() -> None:
+async def test_the_page_and_the_docs_assets_are_public_when_keys_are_set_and_the_api_is_not() -> None:
     async with running_app(api_keys=["s3cret"]) as client:
         for path in ("/", "/playground/playground.js", "/playground/examples", "/playground/examples/canvas.png"):
             assert (await client.get(path)).status_code == 200, path
         assert (await client.get("/v1/models")).status_code == 401
+        assert (await client.get("/docs")).status_code == 401  # the docs stay behind the key unless made public
+        for asset in ("swagger-ui-bundle.js", "swagger-ui.css", "redoc.standalone.js", "favicon.png"):
+            assert (await client.get(f"/docs/static/{asset}")).status_code == 200, asset  # package files, no data
         keyed = await client.get("/v1/models", headers={"Authorization": "Bearer s3cret"})
         assert {m["name"] for m in keyed.json()["models"]} >= {"vit-cifar10", "detr-digits"}
 
@@ -149,8 +155,8 @@ def _assert_only_from(urls: list[str], base: str, expected: set[str]) -> None:
     assert expected <= {urlsplit(u).path for u in network}, network
 
 
-def _wait_for_answer(driver, answered: str, timeout: float = 60) -> None:
-    """Wait until the page shows its answer for ``answered`` (``model/verb:image``); fail on a problem."""
+def _wait_for_answer(driver, answered: str, timeout: float = 60, expect: str = "done") -> None:
+    """Wait until the page shows its answer for ``answered`` (``model/verb:image``), ``done`` or ``error``."""
     from selenium.webdriver.support.ui import WebDriverWait
 
     def settled(d) -> bool:
@@ -162,7 +168,7 @@ def _wait_for_answer(driver, answered: str, timeout: float = 60) -> None:
 
     WebDriverWait(driver, timeout).until(settled)
     status = driver.find_element("tag name", "body").get_attribute("data-status")
-    assert status == "done", f"the page shows a problem: {driver.find_element('id', 'problem').text}"
+    assert status == expect, f"the page shows: {driver.find_element('id', 'problem').text!r}"
 
 
 def _choose_model(driver, name: str) -> None:
@@ -178,17 +184,29 @@ def _drawn_boxes(driver) -> int:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_the_playground_in_a_browser_shows_what_the_api_answers(browser) -> None:
+def test_the_playground_in_a_browser_shows_what_the_api_answers(browser, tmp_path: Path) -> None:
     from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import Select, WebDriverWait
 
     driver = browser
-    with server_process() as (url, _):
-        api = httpx.Client(base_url=url, timeout=30)
+    screenshots = DOCS_SCREENSHOTS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
+    key = "s3cret-key"
+    # Keys on, and the docs made public as the README says (their assets are public already).
+    public = "/healthz,/readyz,/metrics,/docs,/redoc,/openapi.json"
+    env = {"PATCHSERVE_API_KEYS": key, "PATCHSERVE_AUTH_PUBLIC_PATHS": public}
+    with server_process(env=env) as (url, _), tempfile.TemporaryDirectory() as scratch:
+        api = httpx.Client(base_url=url, timeout=30, headers={"Authorization": f"Bearer {key}"})
         chelsea, canvas = EXAMPLES / "chelsea.png", EXAMPLES / "canvas.png"
 
         _requested_urls(driver)  # drop what the browser loaded before (its own new-tab page)
         driver.get(url + "/")
+        # Keys are set: the page loads (its files are public), /v1/models answers 401, shown as its problem.
+        WebDriverWait(driver, 60).until(lambda d: d.find_element("id", "problem").is_displayed())
+        assert driver.find_element("id", "problem-title").text == "Unauthorized"
+        assert "API key" in driver.find_element("id", "problem-detail").text
+        driver.find_element("id", "key").send_keys(key, Keys.TAB)  # the change event: models load with it
         _choose_model(driver, "vit-cifar10")
+        assert not driver.find_element("id", "problem").is_displayed()
         driver.find_element("id", "file").send_keys(str(chelsea))
         _wait_for_answer(driver, "vit-cifar10/classify:chelsea.png")
         expected = api.post("/v1/models/vit-cifar10/classify", files={"image": chelsea.read_bytes()}).json()
@@ -200,8 +218,8 @@ def test_the_playground_in_a_browser_shows_what_the_api_answers(browser) -> None
         segments = driver.find_elements("css selector", "#timing-bar span")
         assert {s.get_attribute("class") for s in segments} >= {"decode", "queue", "compute"}
         assert not driver.find_element("id", "verb-field").is_displayed()  # one route: no choice shown
-        SCREENSHOTS.mkdir(parents=True, exist_ok=True)
-        driver.save_screenshot(str(SCREENSHOTS / "classify.png"))
+        screenshots.mkdir(parents=True, exist_ok=True)
+        assert driver.save_screenshot(str(screenshots / "classify.png"))
 
         _choose_model(driver, "detr-digits")
         driver.find_element("id", "file").send_keys(str(canvas))
@@ -237,13 +255,37 @@ def test_the_playground_in_a_browser_shows_what_the_api_answers(browser) -> None
         for _ in range(round((target - 0.5) / 0.01)):  # back to 0.5 for the picture
             slider.send_keys(Keys.ARROW_LEFT)
         assert _drawn_boxes(driver) == len(at_half)
-        driver.save_screenshot(str(SCREENSHOTS / "detect.png"))
+        assert driver.save_screenshot(str(screenshots / "detect.png"))
         page_files = {"/", "/playground/playground.js", "/playground/playground.css", "/v1/models"}
         _assert_only_from(_requested_urls(driver), url, page_files | {"/v1/models/detr-digits/detect"})
 
-        driver.get(url + "/docs")
-        from selenium.webdriver.support.ui import WebDriverWait
+        # A file that is not an image: the problem's title and detail, as the server wrote them.
+        junk = Path(scratch) / "notes.png"
+        junk.write_text("not an image")
+        driver.find_element("id", "file").send_keys(str(junk))
+        _wait_for_answer(driver, "detr-digits/detect:notes.png", expect="error")
+        problem = api.post("/v1/models/detr-digits/detect", files={"image": junk.read_bytes()}).json()
+        assert driver.find_element("id", "problem-title").text == problem["title"] == "Not a decodable image"
+        assert driver.find_element("id", "problem-detail").text == problem["detail"]
+        assert _drawn_boxes(driver) == 0
 
+        # A packaged example, chosen from the page's list (fetched without the key: a public path).
+        Select(driver.find_element("id", "example")).select_by_visible_text("canvas.png")
+        _wait_for_answer(driver, "detr-digits/detect:canvas.png")
+        assert _drawn_boxes(driver) == len(at_half)
+
+        # What a model can do comes from /v1/models; an embedding (issue 16's task) would show its values.
+        verbs = driver.execute_script(
+            "return [verbsOf({task: 'embedding'}), verbsOf({task: 'detection', versions: []}),"
+            " verbsOf({task: 'classification', versions: [{tasks: ['classification', 'embedding']}]}),"
+            " verbsOf({task: 'classification', verbs: ['classify', 'embed']})]"
+        )
+        assert verbs == [["embed"], ["detect"], ["classify", "embed"], ["classify", "embed"]]
+        driver.execute_script("showVector({model: 'm', embedding: [0.6, 0.8, 0.0, 0.0]})")
+        assert driver.find_element("id", "vector-summary").text.startswith("embedding: 4 values, L2 norm 1.000")
+        assert driver.find_element("id", "vector-values").text == "0.6000, 0.8000, 0.0000, 0.0000"
+
+        driver.get(url + "/docs")
         WebDriverWait(driver, 60).until(lambda d: d.find_elements("css selector", ".opblock"))
         driver.get(url + "/redoc")
         WebDriverWait(driver, 60).until(lambda d: d.find_elements("css selector", "[data-section-id]"))
