@@ -309,16 +309,30 @@ def queued() -> Ticket | None:
 
 
 def batch_started(model: str, version: str, reason: str, tickets: Sequence[Ticket | None]) -> BatchTrace | None:
-    """A batch starts its run: its span, linked to the requests whose ``tickets`` it runs."""
+    """A batch starts its run: its span, linked to the requests whose ``tickets`` it runs.
+
+    Never raises: a fault in tracing is logged and the batch runs untraced (the batcher's loop
+    must not die of it).
+    """
     if _active is None:
         return None
-    return _active.start_batch(model, version, reason, tickets)
+    try:
+        return _active.start_batch(model, version, reason, tickets)
+    except Exception:
+        log.exception("tracing a batch of %s/%s failed; it runs untraced", model, version)
+        return None
 
 
 def batch_ended(batch: BatchTrace | None, error: BaseException | None = None) -> None:
-    """A batch's run ended (``error``: why it failed): end its span and its requests' ``compute`` spans."""
+    """A batch's run ended (``error``: why it failed): end its span and its requests' ``compute`` spans.
+
+    Never raises (as :func:`batch_started`).
+    """
     if batch is not None and _active is not None:
-        _active.end_batch(batch, error)
+        try:
+            _active.end_batch(batch, error)
+        except Exception:
+            log.exception("ending a batch's trace failed")
 
 
 def from_environment(environ: Mapping[str, str]) -> Tracer | None:

@@ -390,3 +390,22 @@ def test_a_real_server_exports_request_and_batch_spans_over_otlp_http() -> None:
         assert check.complete(spans), f"{check.problems}\nserver log:\n{log}"
         check.assert_all(spans)
         assert {r.get("service.name") for r in receiver.resources} == {"patchserve-test"}
+
+
+@pytest.mark.anyio
+async def test_a_fault_in_tracing_a_batch_does_not_fail_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("opentelemetry.sdk", reason="the otel extra")
+    from service.tracing import Tracer
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("a bug in tracing")
+
+    monkeypatch.setattr(Tracer, "start_batch", broken)
+    tracer, exporter = _memory_tracer()
+    async with _traced_app(tracer) as client:
+        first = await client.post("/v1/models/vit-digits/classify", files={"image": DIGIT_7})
+        second = await client.post("/v1/models/vit-digits/classify", files={"image": DIGIT_7})
+    assert [first.status_code, second.status_code] == [200, 200]  # the batcher's loop lives on
+    assert second.json()["predictions"][0]["label"] == "7"
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert "batch" not in names and names.count("decode") == 2
