@@ -3,12 +3,19 @@
 onnxruntime-gpu falls back to the CPU silently when CUDA cannot be loaded, so the provider
 in use is always read back from ``session.get_providers()`` and reported, never assumed.
 
-Threads: ``intra_op_threads`` parallelise one run (0: ORT's default, one per physical core).
-Their spinning (ORT busy-waits between parallel sections so as to start the next one sooner)
-is off unless asked for: on a CPU shared with decoding threads a spinning pool takes the cores
-the decoders need. IO binding (``io_binding=True``) binds the batch and the outputs to device
-memory explicitly, ORT's documented way to control copies on a GPU; it also runs, and is
-tested, on the CPU provider.
+Threads (onnxruntime.ai, "Thread management"): ``intra_op_threads`` parallelise one run, the
+calling thread counted (0: ORT's default, one per physical core of the machine, which ignores
+affinity masks and cgroup quotas: :mod:`service.cpus` chooses the count the server passes).
+With spinning on (``session.intra_op.allow_spinning``, ORT's default) the pool's threads
+busy-wait between the parallel sections of a run instead of sleeping, so the next section
+starts sooner; ``session.force_spinning_stop`` (ORT's session config keys) is set with it, so
+the spinning stops as soon as the session's last concurrent run returns and the cores go to
+decoding until the next run. ORT has no per-run spinning switch (RunOptions' config keys hold
+none), so this session-level pair is how "spin only while a run is running" is had.
+
+IO binding (``io_binding=True``) binds the batch and the outputs to device memory explicitly,
+ORT's documented way to control copies on a GPU; it also runs, and is tested, on the CPU
+provider.
 
 onnxruntime-gpu installed from PyPI finds the CUDA and cuDNN libraries of the ``nvidia-*``
 wheels (what torch ships with) only when they are loaded first: ``onnxruntime.preload_dlls()``
@@ -120,7 +127,8 @@ class OrtRunner:
         device: "auto", "cuda" or "cpu" (see :func:`requested_providers`).
         intra_op_threads: threads parallelising one run (0: ORT's default, one per physical core).
         inter_op_threads: threads running independent nodes at once (0: ORT's default).
-        intra_op_spinning: let the intra-op threads busy-wait for work (ORT's default is on).
+        intra_op_spinning: let the intra-op threads busy-wait for work while a run is in progress
+            (ORT's default is on, and spinning on after the run too); they stop when it returns.
         io_binding: run through an IO binding, the batch bound on the session's device.
         cuda: the CUDA provider's options (None: the defaults of :class:`CudaOptions`).
     """
@@ -139,8 +147,10 @@ class OrtRunner:
         options = ort.SessionOptions()
         options.intra_op_num_threads = intra_op_threads
         options.inter_op_num_threads = inter_op_threads
-        options.add_session_config_entry("session.intra_op.allow_spinning", "1" if intra_op_spinning else "0")
-        options.add_session_config_entry("session.inter_op.allow_spinning", "1" if intra_op_spinning else "0")
+        spin = "1" if intra_op_spinning else "0"
+        options.add_session_config_entry("session.intra_op.allow_spinning", spin)
+        options.add_session_config_entry("session.inter_op.allow_spinning", spin)
+        options.add_session_config_entry("session.force_spinning_stop", spin)  # spin only while a run runs
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         requested = requested_providers(device)
         if CUDA in requested:

@@ -43,6 +43,7 @@ def test_thread_options_reach_the_session(spinning: bool, expected: str) -> None
     options = runner.session.get_session_options()
     assert options.intra_op_num_threads == 1 and options.inter_op_num_threads == 1
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == expected
+    assert options.get_session_config_entry("session.force_spinning_stop") == expected  # spin only while a run runs
     assert runner.providers.in_use == [CPU] and runner.device_type == "cpu"
 
 
