@@ -21,16 +21,18 @@ from service.api import docs
 from service.api.routes import health, inference, metrics, models, playground, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
+from service.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.errors import RepositoryError, install_handlers
 from service.logs import AccessLogMiddleware
 from service.manifest import ManifestError, load_manifest
-from service.metrics import MODEL_INFO
+from service.metrics import AUTOTUNE_THROUGHPUT, MODEL_INFO, MODEL_SETTING
 from service.middleware import RequestIdMiddleware
-from service.repository import discover, load_repository
-from service.runtime import CudaOptions
+from service.repository import ModelVersion, discover, load_repository
+from service.runtime import CUDA, CudaOptions, requested_providers
 from service.settings import Settings, load_settings
 from service.state import ServerState
 from service.tracing import Tracer, TracingMiddleware, from_environment, install
+from service.tuning import TuneCache, Tuner, default_cache_dir
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +50,38 @@ def validate_repository(settings: Settings) -> None:
             raise RepositoryError(str(exc)) from None
 
 
+def thread_plan(settings: Settings) -> ThreadPlan:
+    """The threads each model version gets, from the usable cores and the settings that force values."""
+    return plan_threads(
+        usable_cpus(),
+        workers=settings.workers,
+        models=len(discover(settings.model_repository)),
+        device_type="cuda" if requested_providers(settings.device)[0] == CUDA else "cpu",
+        instances=settings.instances,
+        intra_op_threads=settings.intra_op_threads,
+        spinning=settings.intra_op_spinning,
+        decode_threads=settings.decode_threads,
+    )
+
+
+def tuner(settings: Settings) -> Tuner | None:
+    """The auto-tuner the settings ask for (None: off)."""
+    if not settings.auto_tune:
+        return None
+    import onnxruntime
+
+    return Tuner(
+        TuneCache(settings.tune_cache or default_cache_dir()),
+        point_seconds=settings.tune_point_seconds,
+        budget_seconds=settings.tune_seconds,
+        max_batch_size=settings.tune_max_batch_size,
+        max_instances=settings.tune_max_instances,
+        ort_version=onnxruntime.__version__,
+    )
+
+
 def _load_and_warm_up(state: ServerState) -> None:
-    """Blocking: create every session and run each once per batch size. Sets ``state``."""
+    """Blocking: tune, create every session and run each once per batch size. Sets ``state``."""
     settings = state.settings
     repository = load_repository(
         settings.model_repository,
@@ -57,17 +89,30 @@ def _load_and_warm_up(state: ServerState) -> None:
         batching=BatchingConfig(
             settings.max_batch_size, settings.max_queue_delay, settings.queue_size, settings.request_timeout
         ),
-        intra_op_threads=settings.intra_op_threads,
         inter_op_threads=settings.inter_op_threads,
-        intra_op_spinning=settings.intra_op_spinning,
         io_binding=settings.io_binding,
         cuda=CudaOptions(settings.cuda_device_id, settings.cudnn_conv_algo_search, settings.cuda_mem_limit),
-        instances=settings.instances,
+        threads=state.threads,
+        tuner=tuner(settings),
+        batch_size_fixed="max_batch_size" in settings.model_fields_set,
     )
     for model in repository.all():
         if model.runner.providers.ok:
             model.warm_up()
     state.repository = repository
+
+
+def _export_choices(model: ModelVersion) -> None:
+    """The chosen values and the tuner's curve as gauges."""
+    labels = (model.name, str(model.version))
+    MODEL_SETTING.labels(*labels, "instances").set(model.batcher.instances)
+    MODEL_SETTING.labels(*labels, "max_batch_size").set(model.batcher.config.max_batch_size)
+    if model.threads is not None:
+        MODEL_SETTING.labels(*labels, "intra_op_threads").set(model.threads.intra_op_threads)
+        MODEL_SETTING.labels(*labels, "spinning").set(int(model.threads.spinning))
+    if model.tuning is not None:
+        for point in model.tuning.points:
+            AUTOTUNE_THROUGHPUT.labels(*labels, str(point.instances), str(point.batch_size)).set(point.images_per_s)
 
 
 async def _start_models(state: ServerState) -> None:
@@ -80,6 +125,7 @@ async def _start_models(state: ServerState) -> None:
     for model in state.repository.all():
         await model.batcher.start()
         MODEL_INFO.labels(model.name, str(model.version), model.manifest.task, model.runner.providers.primary).set(1)
+        _export_choices(model)
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
 
 
@@ -95,12 +141,15 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         RepositoryError: the model repository or a manifest is invalid.
     """
     validate_repository(settings)
-    decode_threads = settings.decode_threads or os.cpu_count() or 1
+    threads = thread_plan(settings)
+    decode_threads = threads.decode_threads
     state = ServerState(
         settings,
         ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
         decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
+        threads=threads,
     )
+    log.info("threads: %s", threads.reason)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

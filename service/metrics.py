@@ -79,6 +79,19 @@ MODEL_INFO = Gauge(
     multiprocess_mode="max",
 )
 
+MODEL_SETTING = Gauge(
+    "patchserve_model_setting",
+    "The values a model version serves with (instances, max_batch_size, intra_op_threads, spinning), chosen or set.",
+    ["model", "version", "setting"],
+    multiprocess_mode="max",
+)
+AUTOTUNE_THROUGHPUT = Gauge(
+    "patchserve_autotune_images_per_second",
+    "The auto-tuner's measured throughput at warm-up, by instance count and batch size.",
+    ["model", "version", "instances", "batch_size"],
+    multiprocess_mode="max",
+)
+
 
 def observe_request(model: str, version: str, outcome: str, seconds: float | None) -> None:
     """Count one answered inference request and, if it was timed, its duration in seconds."""

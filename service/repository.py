@@ -17,10 +17,12 @@ from typing import Any, Literal
 import numpy as np
 
 from service.batching import Batcher, BatchingConfig
+from service.cpus import ThreadPlan
 from service.errors import ModelNotFound, RepositoryError
 from service.manifest import Manifest, ManifestError, load_manifest
 from service.preprocess import Preprocessor
 from service.runtime import CudaOptions, OrtRunner
+from service.tuning import Tuner, TuneResult
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +42,9 @@ class ModelVersion:
     batcher: Batcher
     warmed_up: bool = False
     instances: list[OrtRunner] = field(default_factory=list)  # every session the batcher feeds; runner is the first
+    threads: ThreadPlan | None = None  # the sessions' threads and why (None: given by the caller as plain values)
+    tuning: TuneResult | None = None  # the auto-tuner's curve and choice (None: not tuned)
+    tuning_note: str = "off"  # why it was or was not tuned
 
     @property
     def ready(self) -> bool:
@@ -86,8 +91,41 @@ class ModelVersion:
             "providers": self.runner.providers.in_use,
             "batching": dataclasses.asdict(self.batcher.config),  # the effective values, manifest overrides applied
             "instances": self.batcher.instances,
+            "threads": self._describe_threads(),
+            "autotune": self._describe_tuning(),
             "ready": self.ready,
             "metrics": self.manifest.provenance.metrics,
+        }
+
+    def _describe_threads(self) -> dict[str, Any] | None:
+        if self.threads is None:
+            return None
+        t = self.threads
+        return {
+            "instances": t.instances,
+            "intra_op_threads": t.intra_op_threads,
+            "spinning": t.spinning,
+            "decode_threads": t.decode_threads,
+            "usable_cores": t.cores.cores,
+            "cores": t.cores.describe(),
+            "forced": sorted(t.forced),
+            "reason": t.reason,
+        }
+
+    def _describe_tuning(self) -> dict[str, Any]:
+        if self.tuning is None:
+            return {"source": self.tuning_note}
+        t = self.tuning
+        return {
+            "source": t.source,
+            "note": self.tuning_note,
+            "chosen": {"instances": t.instances, "max_batch_size": t.max_batch_size},
+            "curve": [
+                {"instances": p.instances, "batch_size": p.batch_size, "images_per_s": p.images_per_s} for p in t.points
+            ],
+            "seconds": round(t.seconds, 3),
+            "measured_at": t.measured_at,
+            "cache_file": t.cache_file,
         }
 
 
@@ -152,11 +190,19 @@ def load_repository(
     io_binding: bool = False,
     cuda: CudaOptions | None = None,
     instances: int = 1,
+    threads: ThreadPlan | None = None,
+    tuner: Tuner | None = None,
+    batch_size_fixed: bool = False,
 ) -> ModelRepository:
     """Load every model version under ``root`` (sessions created, batchers not started).
 
     Each version gets ``instances`` ONNX Runtime sessions, all fed by its one batcher; the
-    session options are :class:`OrtRunner`'s.
+    session options are :class:`OrtRunner`'s. With ``threads`` (:func:`service.cpus.plan_threads`)
+    the instances, intra-op threads and spinning come from that plan instead of the plain values.
+    With ``tuner`` each version's instance count and ``max_batch_size`` are measured (or read from
+    the tuner's cache) first, except what is fixed: ``max_batch_size`` by the manifest's
+    ``batching`` section or, with ``batch_size_fixed``, by ``batching``; the instance count by
+    the plan (a setting forced it).
 
     Raises:
         RepositoryError: a missing or invalid manifest (naming the file and field), or a
@@ -168,23 +214,72 @@ def load_repository(
             manifest = load_manifest(folder / "model.json")
         except ManifestError as exc:
             raise RepositoryError(str(exc)) from None
-        runners = [
-            OrtRunner(
+        preprocessor = Preprocessor(manifest.preprocessing)
+        overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
+        config = batching.override(**overrides)
+
+        def make_runner(intra: int, spinning: bool, folder: Path = folder) -> OrtRunner:
+            return OrtRunner(
                 folder / "model.onnx",
                 device=device,
-                intra_op_threads=intra_op_threads,
+                intra_op_threads=intra,
                 inter_op_threads=inter_op_threads,
-                intra_op_spinning=intra_op_spinning,
+                intra_op_spinning=spinning,
                 io_binding=io_binding,
                 cuda=cuda,
             )
-            for _ in range(instances)
-        ]
+
+        plan, tuned, note = threads, None, "off"
+        if tuner is not None and plan is not None:
+            fixed_batch = overrides.get("max_batch_size") or (batching.max_batch_size if batch_size_fixed else None)
+            fixed_instances = plan.instances if "instances" in plan.forced else None
+            tuned = tuner.run(
+                name,
+                version,
+                folder / "model.onnx",
+                preprocessor.output_shape,
+                manifest.input.dtype,
+                make_runner=make_runner,
+                threads_for=lambda n, plan=plan: (
+                    plan.with_instances(n).intra_op_threads,
+                    plan.with_instances(n).spinning,
+                ),
+                cores=plan.cores.cores,
+                share=plan.share,
+                fixed_instances=fixed_instances,
+                fixed_batch_size=fixed_batch,
+            )
+            note = _tuning_note(tuned, overrides, batch_size_fixed, fixed_instances)
+            if tuned is not None:
+                plan = plan.with_instances(tuned.instances)
+                config = config.override(max_batch_size=fixed_batch or tuned.max_batch_size)
+        if plan is not None:
+            runners = [make_runner(plan.intra_op_threads, plan.spinning) for _ in range(plan.instances)]
+        else:
+            runners = [make_runner(intra_op_threads, intra_op_spinning) for _ in range(instances)]
         runner = runners[0]
-        overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
-        batcher = Batcher([r.run for r in runners], batching.override(**overrides), model=name, version=str(version))
+        batcher = Batcher([r.run for r in runners], config, model=name, version=str(version))
         repository.models.setdefault(name, {})[version] = ModelVersion(
-            name, version, folder, manifest, runner, Preprocessor(manifest.preprocessing), batcher, instances=runners
-        )
-        log.info("model %s version %d: %s on %s", name, version, manifest.task, runner.providers.primary)
+            name, version, folder, manifest, runner, preprocessor, batcher, instances=runners,
+            threads=plan, tuning=tuned, tuning_note=note,
+        )  # fmt: skip
+        log.info(
+            "model %s version %d: %s on %s; %s; max_batch_size %d",
+            name, version, manifest.task, runner.providers.primary,
+            plan.reason if plan is not None else f"{len(runners)} instance(s)", config.max_batch_size,
+        )  # fmt: skip
     return repository
+
+
+def _tuning_note(tuned: TuneResult | None, overrides: dict, batch_size_fixed: bool, fixed_instances: int | None) -> str:
+    """Why the tuner chose what it did not (a fixed value), in words."""
+    fixed = []
+    if overrides.get("max_batch_size"):
+        fixed.append("max_batch_size from the manifest's batching section")
+    elif batch_size_fixed:
+        fixed.append("max_batch_size set (PATCHSERVE_MAX_BATCH_SIZE)")
+    if fixed_instances is not None:
+        fixed.append("instances set (PATCHSERVE_INSTANCES)")
+    if tuned is None:
+        return "not tuned: " + (" and ".join(fixed) if fixed else "the session did not get its provider")
+    return "tuned" + (f"; kept {' and '.join(fixed)}" if fixed else "")

@@ -37,7 +37,12 @@ class Settings(BaseSettings):
         "auto", description="auto: CUDA when the session really gets it, else CPU."
     )
 
-    max_batch_size: int = Field(8, ge=1, le=1024, description="Largest batch sent to one model run.")
+    max_batch_size: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Largest batch sent to one model run; unset, the auto-tuner chooses it (8 with the tuner off).",
+    )
     max_queue_delay: float = Field(
         0.002, ge=0.0, le=10.0, description="Seconds the oldest queued request may wait for a batch to fill."
     )
@@ -55,14 +60,39 @@ class Settings(BaseSettings):
     max_images_per_request: int = Field(32, ge=1, description="Most images in one request (400).")
     max_multipart_parts: int = Field(64, ge=1, description="Most parts, of any name, in one multipart body (400).")
 
-    intra_op_threads: int = Field(0, ge=0, description="ONNX Runtime intra-op threads (0: ORT's default).")
-    inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: ORT's default).")
-    decode_threads: int = Field(0, ge=0, description="Threads decoding images (0: one per core).")
-    intra_op_spinning: bool = Field(
-        False, description="Let ONNX Runtime's threads busy-wait for work (off: they leave the cores to decoding)."
+    intra_op_threads: int = Field(
+        0, ge=0, description="ONNX Runtime intra-op threads per session (0: the model's share of the usable cores)."
     )
-    instances: int = Field(
-        2, ge=1, le=16, description="ONNX Runtime sessions per model version, fed by one batcher (batches in flight)."
+    inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: ORT's default).")
+    decode_threads: int = Field(
+        0, ge=0, description="Threads decoding images (0: the worker's share of the usable cores)."
+    )
+    intra_op_spinning: bool | None = Field(
+        None,
+        description="Let ONNX Runtime's threads busy-wait while a run is in progress (unset: on when the computing "
+        "threads fit the usable cores).",
+    )
+    instances: int | None = Field(
+        None,
+        ge=1,
+        le=16,
+        description="ONNX Runtime sessions per model version, fed by one batcher (unset: 1 on the CPU, 2 on a GPU, "
+        "or the auto-tuner's choice).",
+    )
+    auto_tune: bool = Field(
+        True, description="At warm-up, measure each model's throughput by batch size and instances, and pick them."
+    )
+    tune_seconds: float = Field(10.0, gt=0.0, le=600.0, description="Most seconds the auto-tuner measures one model.")
+    tune_point_seconds: float = Field(
+        0.2, gt=0.0, le=10.0, description="Seconds the auto-tuner measures each (instances, batch size) point."
+    )
+    tune_max_batch_size: int = Field(
+        0, ge=0, le=1024, description="Largest batch size the auto-tuner tries (0: 16 on the CPU, 64 on a GPU)."
+    )
+    tune_max_instances: int = Field(2, ge=1, le=16, description="Most instances the auto-tuner tries.")
+    tune_cache: Path | None = Field(
+        None,
+        description="Folder of the auto-tuner's results, by model file and machine (unset: the user's cache folder).",
     )
     io_binding: bool = Field(False, description="Run through an ONNX Runtime IO binding (batch bound on the device).")
     cuda_device_id: int = Field(0, ge=0, description="The GPU the CUDA execution provider runs on.")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from service.cpus import ThreadPlan
 from service.repository import ModelRepository
 from service.serve import shutdown_requested
 from service.settings import Settings
@@ -21,6 +22,7 @@ class ServerState:
         draining: set when shutdown begins; readiness turns 503 at once (as it does as soon as
             the process receives SIGTERM, see :mod:`service.serve`).
         startup_error: why loading failed, if it did.
+        threads: the thread plan chosen from the usable cores (None: the settings' plain values).
     """
 
     settings: Settings
@@ -29,6 +31,7 @@ class ServerState:
     decode_parallelism: int = 1
     draining: bool = False
     startup_error: str = ""
+    threads: ThreadPlan | None = None
 
     def not_ready_reasons(self) -> list[str]:
         """Why the server is not ready; empty when it is."""

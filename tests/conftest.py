@@ -40,8 +40,17 @@ def make_settings(**overrides: object):
     """Settings for tests: the committed repository, CPU, no environment variables read."""
     from service.settings import Settings
 
-    # One model instance: tests hold the runner busy to make requests queue behind it.
-    values = {"model_repository": MODEL_REPOSITORY, "device": "cpu", "decode_threads": 2, "instances": 1, **overrides}
+    # One model instance: tests hold the runner busy to make requests queue behind it. The auto-tuner
+    # is off (it measures for seconds and would make batching depend on the machine); its own tests
+    # turn it on.
+    values = {
+        "model_repository": MODEL_REPOSITORY,
+        "device": "cpu",
+        "decode_threads": 2,
+        "instances": 1,
+        "auto_tune": False,
+        **overrides,
+    }
     return Settings(**values)
 
 
@@ -77,7 +86,7 @@ def server_process(
     """A real server (``python -m service``) on a free loopback port; yields (base URL, process).
 
     The server's output goes to a file, ``process.log_path`` (a pipe nobody reads would fill and
-    block the server); the drain delay is 0 unless ``env`` sets one.
+    block the server); the drain delay is 0 and the auto-tuner off unless ``env`` says otherwise.
     """
     if not python.exists():
         pytest.fail(f"{python} missing: `make test` builds the serving environment first")
@@ -89,6 +98,7 @@ def server_process(
         "PATCHSERVE_MODEL_REPOSITORY": str(MODEL_REPOSITORY),
         "PATCHSERVE_DEVICE": "cpu",
         "PATCHSERVE_DRAIN_DELAY": "0",
+        "PATCHSERVE_AUTO_TUNE": "false",  # tests of the tuner turn it on in env
         **(env or {}),
     }
     fd, log_name = tempfile.mkstemp(prefix="patchserve-server-", suffix=".log")

@@ -1,0 +1,448 @@
+"""The auto-tuner: at warm-up, measure a model's throughput on this machine and pick its batching.
+
+For each instance count n in 1…N and batch size b in 1, 2, 4, … up to a bound, n sessions run
+batches of b zeros concurrently, one thread each, for ``point_seconds``; images per second is
+the point's throughput. The whole measurement stops at ``budget_seconds`` (what was measured
+by then is used), and a batch-size sweep stops early once the curve has clearly turned down.
+:func:`choose` then takes the smallest instance count, and within it the smallest batch, whose
+throughput is within ``tolerance`` (5 %) of the best measured: on the CPU, where the curve is
+flat (ViT-Ti/16: b1 82, b4 94, b16 84 img/s), that is a small batch, which keeps latency low; on a
+GPU, where it rises steeply, it is the largest batch that still pays.
+
+The result is cached, one JSON file per model file and machine, keyed by the graph's SHA-256,
+the CPU or GPU identity, ONNX Runtime's version, the threads the sessions get and the bounds,
+so a restart reads it instead of measuring again. A file lock around "read, or measure and
+write" makes the first worker process measure while the others wait and then read its result:
+one measurement per server, taken while no other worker computes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import platform
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
+TOLERANCE = 0.05  # within 5 % of the best throughput counts as as good
+TURN_DOWN = 0.90  # a sweep stops once a batch size gives under 90 % of the best so far
+CACHE_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Point:
+    """One measured point: ``instances`` sessions running batches of ``batch_size``, images per second."""
+
+    instances: int
+    batch_size: int
+    images_per_s: float
+
+
+@dataclass
+class TuneResult:
+    """What the tuner chose and the curve it chose from.
+
+    Attributes:
+        instances, max_batch_size: the choice.
+        points: the measured curve.
+        source: "measured" (here, now) or "cache" (read from ``cache_file``).
+        seconds: wall seconds the measurement took (0 when read from the cache).
+        key: the cache key (graph hash, machine, threads, bounds).
+        measured_at: ISO 8601 UTC time of the measurement.
+        cache_file: where it is cached ("" when it could not be written).
+    """
+
+    instances: int
+    max_batch_size: int
+    points: list[Point]
+    source: str = "measured"
+    seconds: float = 0.0
+    key: str = ""
+    measured_at: str = ""
+    cache_file: str = ""
+    identity: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """JSON-ready, the curve as a list of {instances, batch_size, images_per_s}."""
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TuneResult:
+        points = [Point(**p) for p in data.pop("points")]
+        return cls(points=points, **data)
+
+    def curve_text(self) -> str:
+        """The curve on one line: "n=1: b1 82.0, b2 90.1, … img/s; n=2: …"."""
+        by_n: dict[int, list[Point]] = {}
+        for p in self.points:
+            by_n.setdefault(p.instances, []).append(p)
+        return "; ".join(
+            f"n={n}: " + ", ".join(f"b{p.batch_size} {p.images_per_s:.1f}" for p in ps) + " img/s"
+            for n, ps in sorted(by_n.items())
+        )
+
+
+def choose(points: Sequence[Point], tolerance: float = TOLERANCE) -> Point:
+    """The point to serve with: the fewest instances, then the smallest batch, within ``tolerance`` of the best.
+
+    Fewer instances first: each then gets more of the cores, so a lone request runs faster, and
+    fewer sessions hold less memory. The smallest batch next: a request waits for, and computes
+    with, fewer others.
+
+    Raises:
+        ValueError: no points.
+    """
+    if not points:
+        raise ValueError("nothing was measured")
+    best = max(p.images_per_s for p in points)
+    good = [p for p in points if p.images_per_s >= (1.0 - tolerance) * best]
+    return min(good, key=lambda p: (p.instances, p.batch_size))
+
+
+def batch_sizes(bound: int) -> list[int]:
+    """1, 2, 4, … up to ``bound``, and ``bound`` itself."""
+    sizes = []
+    b = 1
+    while b < bound:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, bound]
+
+
+def measure_point(runners: Sequence[RunFn], batch: np.ndarray, seconds: float) -> float:
+    """Images per second of ``runners`` each running ``batch`` over and over, one thread each, for ``seconds``.
+
+    Every runner runs once first, uncounted; each then runs at least once more counted.
+    """
+    for run in runners:
+        run(batch)
+    done = [0] * len(runners)
+    start = threading.Barrier(len(runners) + 1)
+    deadline = [0.0]
+
+    def loop(i: int) -> None:
+        start.wait()
+        while True:
+            runners[i](batch)
+            done[i] += len(batch)
+            if time.perf_counter() >= deadline[0]:
+                return
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f"tune-{i}") for i in range(len(runners))]
+    for thread in threads:
+        thread.start()
+    began = time.perf_counter()
+    deadline[0] = began + seconds
+    start.wait()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.perf_counter() - began)
+
+
+def measure(
+    make_runners: Callable[[int], Sequence[RunFn]],
+    input_shape: tuple[int, ...],
+    *,
+    dtype: str = "float32",
+    instance_counts: Sequence[int],
+    sizes: Sequence[int],
+    point_seconds: float,
+    budget_seconds: float,
+    measure_one: Callable[[Sequence[RunFn], np.ndarray, float], float] = measure_point,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Point]:
+    """The throughput curve over ``instance_counts`` × ``sizes``, within ``budget_seconds``.
+
+    Args:
+        make_runners: n -> n runners (sessions) of the model, ``(B, C, H, W) -> outputs``.
+        input_shape: one input, (C, H, W).
+        point_seconds: seconds each point is measured.
+        budget_seconds: once this much has passed no further point starts.
+        measure_one, clock: injectable for tests.
+    """
+    started = clock()
+    points: list[Point] = []
+    for n in instance_counts:
+        if clock() - started >= budget_seconds:
+            break
+        runners = make_runners(n)
+        best = 0.0
+        for b in sizes:
+            if clock() - started >= budget_seconds:
+                log.warning("auto-tune: the %.1f s budget ran out at n=%d, b=%d", budget_seconds, n, b)
+                break
+            batch = np.zeros((b, *input_shape), dtype=dtype)  # (B, C, H, W)
+            throughput = measure_one(runners, batch, point_seconds)
+            points.append(Point(n, b, throughput))
+            best = max(best, throughput)
+            if throughput < TURN_DOWN * best:
+                break  # the curve has turned down: larger batches will not pay
+        del runners
+    return points
+
+
+def graph_digest(path: Path) -> str:
+    """SHA-256 of the graph file, hex."""
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _gpu_names() -> list[str]:
+    """The NVIDIA GPUs' model names, from the driver's /proc files (no subprocess, no CUDA call)."""
+    names = []
+    for info in sorted(Path("/proc/driver/nvidia/gpus").glob("*/information")):
+        with contextlib.suppress(OSError):
+            for line in info.read_text().splitlines():
+                if line.startswith("Model:"):
+                    names.append(line.split(":", 1)[1].strip())
+    return names
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def machine_identity(provider: str, cores: int, ort_version: str) -> dict:
+    """What makes a measurement valid on this machine only: CPU model, usable cores, GPU, ORT, provider."""
+    return {
+        "cpu": cpu_model(),
+        "cores": cores,
+        "gpus": _gpu_names() if provider.startswith("CUDA") else [],
+        "onnxruntime": ort_version,
+        "provider": provider,
+    }
+
+
+def cache_key(digest: str, identity: Mapping[str, object], request: Mapping[str, object]) -> str:
+    """SHA-256 (hex) of the graph digest, the machine identity and what was asked (threads, bounds, shape)."""
+    text = json.dumps({"v": CACHE_VERSION, "graph": digest, "machine": identity, "request": request}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def default_cache_dir() -> Path:
+    """``$XDG_CACHE_HOME/patchserve/tuning`` (``~/.cache/…``), or a folder in the temporary directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    folder = Path(base) / "patchserve" / "tuning"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        if os.access(folder, os.W_OK):
+            return folder
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir()) / f"patchserve-tuning-{os.getuid()}"
+
+
+class TuneCache:
+    """One JSON file per cache key in ``folder``, and a lock file beside it."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+
+    def path(self, name: str, version: int, key: str) -> Path:
+        return self.folder / f"{name}-{version}-{key[:20]}.json"
+
+    def load(self, name: str, version: int, key: str) -> TuneResult | None:
+        """The cached result for ``key``, or None (missing, unreadable, or another key's)."""
+        path = self.path(name, version, key)
+        try:
+            data = json.loads(path.read_text())
+            result = TuneResult.from_dict(data)
+        except (OSError, ValueError, TypeError, KeyError):
+            return None
+        if result.key != key:
+            return None
+        result.source, result.cache_file = "cache", str(path)
+        return result
+
+    def store(self, name: str, version: int, result: TuneResult) -> str:
+        """Write ``result`` (atomically); return the file, or "" when it cannot be written."""
+        path = self.path(name, version, result.key)
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.tmp")
+            partial.write_text(json.dumps({**result.to_dict(), "cache_file": str(path)}, indent=2) + "\n")
+            partial.replace(path)
+        except OSError as exc:
+            log.warning("auto-tune: cannot cache the result in %s: %s", self.folder, exc)
+            return ""
+        return str(path)
+
+    @contextlib.contextmanager
+    def lock(self, key: str) -> Iterator[None]:
+        """Hold an exclusive lock on ``key`` (other worker processes wait); no lock if it cannot be made."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            handle = (self.folder / f".{key[:20]}.lock").open("a")
+        except OSError as exc:
+            log.warning("auto-tune: no lock in %s (%s): each worker measures on its own", self.folder, exc)
+            yield
+            return
+        with handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def tune(
+    name: str,
+    version: int,
+    key: str,
+    *,
+    cache: TuneCache | None,
+    run_measurement: Callable[[], list[Point]],
+    tolerance: float = TOLERANCE,
+    identity: Mapping[str, object] | None = None,
+) -> TuneResult:
+    """The cached result for ``key``, or a new measurement (cached for next time).
+
+    Args:
+        name, version: the model version (file names, logs).
+        key: :func:`cache_key` of the graph, the machine and the request.
+        cache: where results are kept (None: always measure, keep nothing).
+        run_measurement: measures the curve (:func:`measure` with its arguments bound).
+    """
+    with cache.lock(key) if cache is not None else contextlib.nullcontext():
+        if cache is not None and (cached := cache.load(name, version, key)) is not None:
+            log.info(
+                "model %s version %d: auto-tune result from %s: %d instance(s), max_batch_size %d",
+                name, version, cached.cache_file, cached.instances, cached.max_batch_size,
+            )  # fmt: skip
+            return cached
+        started = time.monotonic()
+        points = run_measurement()
+        chosen = choose(points, tolerance)
+        result = TuneResult(
+            chosen.instances,
+            chosen.batch_size,
+            points,
+            seconds=time.monotonic() - started,
+            key=key,
+            measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+            identity=dict(identity or {}),
+        )
+        if cache is not None:
+            result.cache_file = cache.store(name, version, result)
+    log.info(
+        "model %s version %d: auto-tuned in %.1f s: %d instance(s), max_batch_size %d; curve %s",
+        name, version, result.seconds, result.instances, result.max_batch_size, result.curve_text(),
+    )  # fmt: skip
+    return result
+
+
+@dataclass(frozen=True)
+class Tuner:
+    """The auto-tuner's settings, applied to one model version at a time by :meth:`run`.
+
+    Attributes:
+        cache: where results are kept (None: nowhere).
+        point_seconds: seconds per measured point.
+        budget_seconds: most seconds per model.
+        max_batch_size: the largest batch size tried (0: 16 on the CPU, 64 on a GPU).
+        max_instances: the most instances tried (on the CPU also at most the model's cores).
+        ort_version: ONNX Runtime's version (part of the cache key).
+    """
+
+    cache: TuneCache | None
+    point_seconds: float = 0.2
+    budget_seconds: float = 10.0
+    max_batch_size: int = 0
+    max_instances: int = 2
+    ort_version: str = ""
+
+    def run(
+        self,
+        name: str,
+        version: int,
+        graph: Path,
+        input_shape: tuple[int, int, int],
+        dtype: str,
+        *,
+        make_runner: Callable[[int, bool], object],
+        threads_for: Callable[[int], tuple[int, bool]],
+        cores: int,
+        share: int,
+        fixed_instances: int | None = None,
+        fixed_batch_size: int | None = None,
+    ) -> TuneResult | None:
+        """Measure (or read from the cache) one model version's curve and choose from it.
+
+        Args:
+            graph: its model.onnx.
+            input_shape: one input (C, H, W); dtype its numpy dtype name.
+            make_runner: (intra-op threads, spinning) -> a runtime.OrtRunner of this graph.
+            threads_for: n instances -> (intra-op threads, spinning) each of them gets.
+            cores: the process's usable cores; share: the model's share of them.
+            fixed_instances, fixed_batch_size: values a setting or the manifest fixed (not tuned).
+
+        Returns:
+            The result, or None when there is nothing to tune (both fixed) or the session did
+            not get the provider it asked for (the model will not be ready; nothing measured).
+        """
+        if fixed_instances is not None and fixed_batch_size is not None:
+            return None
+        probe = make_runner(*threads_for(1 if fixed_instances is None else fixed_instances))
+        choice = probe.providers  # type: ignore[attr-defined]
+        if not choice.ok:
+            return None
+        gpu = choice.primary.startswith("CUDA")
+        bound = self.max_batch_size or (64 if gpu else 16)
+        sizes = [fixed_batch_size] if fixed_batch_size is not None else batch_sizes(bound)
+        most = self.max_instances if gpu else min(self.max_instances, max(1, share))
+        counts = [fixed_instances] if fixed_instances is not None else list(range(1, most + 1))
+        identity = machine_identity(choice.primary, cores, self.ort_version)
+        request = {
+            "input": [*input_shape],
+            "dtype": dtype,
+            "instances": counts,
+            "batch_sizes": sizes,
+            "threads": {str(n): list(threads_for(n)) for n in counts},
+            "point_seconds": self.point_seconds,
+            "budget_seconds": self.budget_seconds,
+            "tolerance": TOLERANCE,
+        }
+        key = cache_key(graph_digest(graph), identity, request)
+
+        def make_runners(n: int) -> list[RunFn]:
+            threads, spinning = threads_for(n)
+            if n == counts[0] and (threads, spinning) == threads_for(counts[0]):
+                first = [probe]
+            else:
+                first = [make_runner(threads, spinning)]
+            return [r.run for r in first + [make_runner(threads, spinning) for _ in range(n - 1)]]  # type: ignore[attr-defined]
+
+        def run_measurement() -> list[Point]:
+            return measure(
+                make_runners,
+                input_shape,
+                dtype=dtype,
+                instance_counts=counts,
+                sizes=sizes,
+                point_seconds=self.point_seconds,
+                budget_seconds=self.budget_seconds,
+            )
+
+        return tune(name, version, key, cache=self.cache, run_measurement=run_measurement, identity=identity)
