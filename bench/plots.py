@@ -1,4 +1,4 @@
-"""PNG plots of one results file: throughput vs concurrency, latency percentiles vs concurrency.
+"""PNG plots of one results file: throughput vs concurrency, latency percentiles vs concurrency (medians).
 
 python -m bench.plots bench/results/<date>-<host>.json
 """
@@ -25,8 +25,10 @@ def plot(results: dict, stem: Path) -> list[Path]:
     title = f"{results['model']['name']} on {results['machine']['cpu']} ({results['machine']['cores']} cores)"
 
     def series(server: str, size: str, key: str) -> tuple[list[int], list[float]]:
-        points = sorted(
-            (r["concurrency"], r[key]) for r in results["http"] if r["server"] == server and r["size"] == size
+        points = sorted(  # void points (the machine was not quiet) are left out
+            (r["concurrency"], r[key])
+            for r in results["http"]
+            if r["server"] == server and r["size"] == size and not r.get("void")
         )
         return [c for c, _ in points], [v for _, v in points]
 
@@ -38,6 +40,9 @@ def plot(results: dict, stem: Path) -> list[Path]:
         raw = results["raw"][size]
         ax.axhline(raw["a"]["images_per_s"], color="black", linestyle="--", label="(a) ORT best batch")
         ax.axhline(raw["b_sequential"]["images_per_s"], color="grey", linestyle=":", label="(b) decode + ORT")
+        limit = results.get("ceiling", {}).get(size)
+        if limit and not limit["void"]:
+            ax.axhline(limit["images_per_s"], color="tab:red", linestyle="-.", label="ceiling (measured costs)")
         ax.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="requests/s", title=f"{size} JPEGs")
         ax.set_xticks(results["protocol"]["concurrency"], [str(c) for c in results["protocol"]["concurrency"]])
         ax.set_ylim(bottom=0)

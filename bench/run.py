@@ -1,22 +1,39 @@
 """The side-by-side benchmark: (a)-(f) on the same ONNX model and the same images, in one run.
 
-    make bench                      # sets everything up, then runs this
-    python -m bench.run --seconds 15
+    make bench                      # sets everything up, then runs this (about 35 minutes)
+    python -m bench.run --seconds 10 --rounds 3 --docs docs/performance.md
 
-(a) ONNX Runtime alone on pre-decoded tensors at its best batch size (the ceiling); (b) decode,
-preprocess and ORT in process, one image at a time (and with decoding over 2 threads); (c)
-patchserve at concurrency 1, 4, 16, 64; (d) patchserve with max_batch_size 1; (e) a naive sync
-FastAPI endpoint; (f) LitServe with batching on. The HTTP contestants run side by side (all
-started, then each (size, concurrency) point measured for every server in turn), so load on
-the machine that drifts during the run hits them alike. Every server is first checked to
-answer the same top-1 class as ONNX Runtime in process for the same image.
+(a) ONNX Runtime alone on pre-decoded tensors at its best batch size; (b) decode, preprocess
+and ORT in process, one image at a time (and with decoding over 2 threads); (c) patchserve at
+concurrency 1, 4, 16, 64; (d) patchserve with max_batch_size 1; (e) a naive sync FastAPI
+endpoint; (f) LitServe with batching on. Every server is first checked to answer the same top-1
+class as ONNX Runtime in process for the same image. patchserve runs with its shipped defaults;
+its auto-tuner measures afresh (a new cache folder per run), and what it chose is recorded.
 
-Writes ``bench/results/<date>-<host>.json`` and the plots beside it, and prints the table.
+A benchmark that cannot be fooled by the machine (issue 14):
+
+* **quiet or void**: the CPU time of every process outside the benchmark's own tree is read
+  from /proc during each point's warm-up and measurement (:mod:`bench.quiet`); a point during
+  which it passed 0.1 cores is re-run once and, still loaded, reported void and kept out of
+  every table. (a), (b) and the HTTP-cost measurement are judged the same way.
+* **interleaved rounds**: every (size, concurrency) point is measured for each contestant in
+  turn, A B C D, then again, ``--rounds`` times (3), so drifting load hits them alike; tables
+  give the median with its min-max.
+* **the ceiling**: what serving encoded images could reach on these cores, from measured
+  costs: 1 / (1/(a) + (decode CPU + HTTP CPU per image) / cores), the HTTP CPU from an endpoint
+  that only reads the same multipart body (``bench/echo_app.py``) under the same wrk load;
+  every server is reported as a fraction of it.
+* the trained models in ``model_repository/`` are served one per server (as the naive endpoint
+  and LitServe serve one), at concurrency 1 and 16.
+
+Writes ``bench/results/<date>-<host>.json`` and the plots beside it, and prints the tables
+(``--docs PAGE`` also writes them into that page between its markers).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import importlib.metadata
 import json
@@ -26,17 +43,20 @@ import platform
 import shutil
 import socket
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from bench import decode, images, loadgen, plots, raw, report, servers
+from bench import decode, images, loadgen, plots, quiet, raw, report, servers
+from service.cpus import usable_cpus
 from service.manifest import load_manifest
 
 log = logging.getLogger("bench")
 
 BENCH_MODEL = "vit-ti16-random"
+PATCHSERVE = "patchserve"
 SIZES = tuple(images.SIZES)
 
 
@@ -64,10 +84,13 @@ def machine() -> dict:
             versions[package] = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             versions[package] = None
+    cpus = usable_cpus()
     return {
         "host": socket.gethostname(),
         "cpu": cpu,
-        "cores": os.cpu_count(),
+        "cores": cpus.cores,
+        "cpus": cpus.describe(),
+        "cpu_count": os.cpu_count(),
         "memory_gib": round(int(memory) / 2**20, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
@@ -101,14 +124,75 @@ def expected_top1(model_dir: Path, image: Path) -> int:
     return int(np.argmax(session.run(None, {session.get_inputs()[0].name: x})[0][0]))
 
 
+def _quietly(measure: Callable[[], dict], what: str) -> dict:
+    """``measure()`` under a :class:`quiet.Watch`; once more if the machine was loaded. Adds ``load``, ``void``."""
+    for attempt in (1, 2):
+        with quiet.Watch() as watch:
+            result = measure()
+        assert watch.load is not None
+        result |= {"load": watch.load.to_dict(), "void": quiet.void_reason(watch.load), "attempt": attempt}
+        if not result["void"]:
+            break
+        log.warning("%s: void (%s)%s", what, result["void"], "; once more" if attempt == 1 else "")
+    return result
+
+
 def measure_raw(model_dir: Path, files: list[Path], seconds: float) -> dict:
     log.info("raw %s on %d images: (a) best batch, (b) decode + run", model_dir.parent.name, len(files))
-    return {
-        "a": raw.ort_best_batch(model_dir, files, seconds=seconds),
-        "b_sequential": raw.decode_and_run(model_dir, files, seconds=seconds),
-        "b_threads": raw.decode_and_run(model_dir, files, seconds=seconds, decode_threads=2),
-        "load_average": os.getloadavg(),
-    }
+
+    def measure() -> dict:
+        return {
+            "a": raw.ort_best_batch(model_dir, files, seconds=seconds),
+            "b_sequential": raw.decode_and_run(model_dir, files, seconds=seconds),
+            "b_threads": raw.decode_and_run(model_dir, files, seconds=seconds, decode_threads=2),
+        }
+
+    return _quietly(measure, f"raw {model_dir.parent.name}")
+
+
+def schedule(
+    sizes: Sequence[str], concurrencies: Sequence[int], contestants: Sequence[str], rounds: int
+) -> list[tuple[str, int, int, str]]:
+    """The order points are measured in: (size, concurrency, round, contestant).
+
+    For each (size, concurrency), every contestant in turn, ``rounds`` times: A B C A B C A B C.
+    """
+    return [(size, c, r, key) for size in sizes for c in concurrencies for r in range(rounds) for key in contestants]
+
+
+def measure_point(url: str, files: list[Path], *, concurrency: int, seconds: float, warmup: float) -> dict:
+    """One wrk run after a warm-up, each under a watch; re-run once when the machine was loaded.
+
+    Returns:
+        wrk's result with ``load`` (during the measurement), ``load_before`` (during the
+        warm-up), ``void`` ("" or why) and ``attempt`` (1, or 2 after a void first try).
+    """
+    for attempt in (1, 2):
+        before = None
+        if warmup > 0:
+            with quiet.Watch() as watch:
+                loadgen.run(url, files, concurrency=concurrency, seconds=warmup)
+            before = watch.load
+        with quiet.Watch() as watch:
+            result = loadgen.run(url, files, concurrency=concurrency, seconds=seconds)
+        assert watch.load is not None
+        void = quiet.void_reason(watch.load)
+        point = result.to_dict() | {
+            "load": watch.load.to_dict(),
+            "load_before": before.to_dict() if before else None,
+            "void": void,
+            "attempt": attempt,
+        }
+        if not void:
+            break
+        log.warning("%s c=%d: void (%s)%s", url, concurrency, void, "; once more" if attempt == 1 else "")
+    return point
+
+
+def described(running: servers.Running, model: str) -> dict:
+    """patchserve's ``GET /v1/models/{model}`` for its latest version: threads and the tuner's choice."""
+    version = httpx.get(f"{running.url}/v1/models/{model}", timeout=10).json()["versions"][-1]
+    return {key: version.get(key) for key in ("threads", "autotune", "batching", "instances")}
 
 
 def measure_http(
@@ -120,44 +204,89 @@ def measure_http(
     model_dir: Path,
     seconds: float,
     warmup: float,
+    rounds: int,
     log_dir: Path,
+    tuned: dict | None = None,
 ) -> list[dict]:
-    """Every (size, concurrency) point for every server in turn, all servers up at once."""
-    results = []
+    """Every (size, concurrency) point for every server in interleaved rounds, all servers up at once.
+
+    Returns:
+        One record per (server, size, concurrency): :func:`report.summarise` of its rounds,
+        the rounds themselves under ``rounds_detail``. ``tuned`` receives patchserve's choices.
+    """
+    measured: dict[tuple[str, str, int], list[dict]] = {}
     with servers.all_running(contestants, log_dir) as running:
         probe = files_by_size[next(iter(files_by_size))][0]
         expected = expected_top1(model_dir, probe)
         for server in contestants:
             smoke_check(running[server.key], server.path.format(model=model), probe, expected)
+            if server.key.startswith("patchserve") and tuned is not None:
+                tuned[f"{model} ({server.key})"] = described(running[server.key], model)
+        by_key = {server.key: server for server in contestants}
+        for size, concurrency, round_, key in schedule(list(files_by_size), concurrencies, list(by_key), rounds):
+            url = running[key].url + by_key[key].path.format(model=model)
+            point = measure_point(url, files_by_size[size], concurrency=concurrency, seconds=seconds, warmup=warmup)
+            point["round"] = round_
+            measured.setdefault((key, size, concurrency), []).append(point)
+            log.info(
+                "round %d %-24s %-9s c=%-3d %7.2f req/s  p50 %7.1f  p99 %7.1f ms  errors %d  foreign %.2f cores%s",
+                round_, key, size, concurrency, point["throughput"], point["p50_ms"], point["p99_ms"],
+                point["errors"], point["load"]["foreign_cores"], "  VOID" if point["void"] else "",
+            )  # fmt: skip
+    return [
+        {
+            "model": model,
+            "server": key,
+            "label": by_key[key].label,
+            "size": size,
+            "concurrency": concurrency,
+            **report.summarise(points),
+            "rounds_detail": points,
+        }
+        for (key, size, concurrency), points in measured.items()
+    ]
+
+
+def measure_http_cpu(files_by_size: dict[str, list[Path]], *, concurrency: int, seconds: float, warmup: float,
+                     log_dir: Path) -> dict:  # fmt: skip
+    """CPU seconds per request of an endpoint that only reads the multipart body (bench/echo_app.py), by size."""
+    echo = servers.echo()
+    costs = {}
+    with servers.all_running([echo], log_dir) as running:
+        server = running[echo.key]
         for size, files in files_by_size.items():
-            for concurrency in concurrencies:
-                for server in contestants:
-                    url = running[server.key].url + server.path.format(model=model)
-                    if warmup > 0:
-                        loadgen.run(url, files, concurrency=concurrency, seconds=warmup)
-                    result = loadgen.run(url, files, concurrency=concurrency, seconds=seconds)
-                    log.info(
-                        "%-24s %-9s c=%-3d %7.2f req/s  p50 %7.1f  p90 %7.1f  p99 %7.1f ms  errors %d",
-                        server.key,
-                        size,
-                        concurrency,
-                        result.throughput,
-                        result.p50_ms,
-                        result.p90_ms,
-                        result.p99_ms,
-                        result.errors,
-                    )
-                    results.append(
-                        {
-                            "model": model,
-                            "server": server.key,
-                            "label": server.label,
-                            "size": size,
-                            **result.to_dict(),
-                            "load_average": os.getloadavg(),
-                        }
-                    )
-    return results
+
+            def measure(files: list[Path] = files) -> dict:
+                loadgen.run(server.url + echo.path, files, concurrency=concurrency, seconds=warmup)
+                before = quiet.snapshot()
+                result = loadgen.run(server.url + echo.path, files, concurrency=concurrency, seconds=seconds)
+                after = quiet.snapshot()
+                spent = quiet.tree_cpu_seconds(before, after, {server.process.pid})
+                requests = max(1, result.requests)
+                return {"cpu_ms_per_request": 1e3 * spent / requests, "requests": result.requests,
+                        "throughput": result.throughput, "concurrency": concurrency}  # fmt: skip
+
+            costs[size] = _quietly(measure, f"HTTP cost {size}")
+            log.info("HTTP alone, %s: %.2f ms of CPU per request", size, costs[size]["cpu_ms_per_request"])
+    return costs
+
+
+def ceilings(results: dict, cores: int) -> dict:
+    """The ceiling of each size from (a), the decode cost and the HTTP cost (void if any of them was)."""
+    out = {}
+    for size, raw_ in results["raw"].items():
+        http = results["http_cpu"][size]
+        decode_ms, http_ms = results["decode"][size]["draft_ms"], http["cpu_ms_per_request"]
+        ort = raw_["a"]["images_per_s"]
+        out[size] = {
+            "ort_images_per_s": ort,
+            "decode_cpu_ms": decode_ms,
+            "http_cpu_ms": http_ms,
+            "cores": cores,
+            "images_per_s": report.ceiling(ort, decode_ms / 1e3, http_ms / 1e3, cores),
+            "void": bool(raw_["void"] or http["void"]),
+        }
+    return out
 
 
 def trained_models(repository: Path) -> list[tuple[str, Path]]:
@@ -170,26 +299,48 @@ def trained_models(repository: Path) -> list[tuple[str, Path]]:
     return found
 
 
+def one_model_repository(work: Path, name: str, version_dir: Path) -> Path:
+    """A repository holding ``name`` alone (a link to its folder): each server serves one model, as (e) and (f) do."""
+    root = work / "trained" / name
+    root.mkdir(parents=True, exist_ok=True)
+    link = root / name
+    if not link.exists():
+        link.symlink_to(version_dir.parent.resolve(), target_is_directory=True)
+    return root
+
+
+def fresh_tuning(contestants: list[servers.Server], cache: Path) -> list[servers.Server]:
+    """patchserve's contestants with a new auto-tuner cache: it measures on this machine now, not from a past run."""
+    return [
+        dataclasses.replace(s, env={**s.env, "PATCHSERVE_TUNE_CACHE": str(cache)})
+        if s.key.startswith(PATCHSERVE)
+        else s
+        for s in contestants
+    ]
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.run", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--work", type=Path, default=Path("bench/.work"), help="images, model, logs (gitignored)")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
-    parser.add_argument("--seconds", type=float, default=15.0, help="measured seconds per point")
-    parser.add_argument("--warmup", type=float, default=3.0, help="unmeasured seconds before each point")
+    parser.add_argument("--seconds", type=float, default=10.0, help="measured seconds per point")
+    parser.add_argument("--warmup", type=float, default=2.0, help="unmeasured (but watched) seconds before each point")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds per point (at least 3 for the docs)")
     parser.add_argument("--raw-seconds", type=float, default=5.0, help="seconds per (a)/(b) measurement")
     parser.add_argument("--concurrency", default="1,4,16,64")
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--servers", default="patchserve,patchserve-no-batching,naive,litserve")
     parser.add_argument("--trained", default="model_repository", type=Path, help="also bench these models ('' skips)")
+    parser.add_argument("--docs", type=Path, default=None, help="write the tables into this page (docs/performance.md)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
     logging.getLogger("httpx").setLevel(logging.WARNING)
 
     started = dt.datetime.now(dt.UTC)
     info = machine()
-    log.info("machine: %s, %d cores, load average %s", info["cpu"], info["cores"], info["load_average"])
+    log.info("machine: %s, %s, load average %s", info["cpu"], info["cpus"], info["load_average"])
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     files = images.prepare(args.work / "images")
     files_by_size = {size: files[size] for size in args.sizes.split(",")}
@@ -198,7 +349,9 @@ def main(argv: list[str] | None = None) -> None:
     if not (model_dir / "model.onnx").is_file():
         sys.exit(f"{model_dir}/model.onnx is missing: `make bench` exports it (python -m export random vit-ti16 ...)")
     wanted = args.servers.split(",")
-    contestants = [s for s in servers.contestants(repository, BENCH_MODEL) if s.key in wanted]
+    cache = args.work / "tune-cache" / f"{started:%Y%m%dT%H%M%S}"
+    contestants = fresh_tuning([s for s in servers.contestants(repository, BENCH_MODEL) if s.key in wanted], cache)
+    rounds = max(1, args.rounds)
 
     results: dict = {
         "command": "make bench",
@@ -208,8 +361,10 @@ def main(argv: list[str] | None = None) -> None:
         "protocol": {
             "seconds": args.seconds,
             "warmup": args.warmup,
+            "rounds": rounds,
             "raw_seconds": args.raw_seconds,
             "concurrency": concurrencies,
+            "void_threshold_cores": quiet.THRESHOLD,
             "load_generator": f"{info['wrk']}, 1 thread, closed loop, bench/multipart.lua",
             "images": {size: [p.name for p in paths] for size, paths in files_by_size.items()},
             "image_bytes_mean": {
@@ -220,7 +375,12 @@ def main(argv: list[str] | None = None) -> None:
         "servers": {s.key: {"label": s.label, "env": dict(s.env)} for s in contestants},
         "decode": {size: decode.decode_cost(model_dir, paths) for size, paths in files_by_size.items()},
         "raw": {size: measure_raw(model_dir, paths, args.raw_seconds) for size, paths in files_by_size.items()},
+        "autotune": {},
     }
+    results["http_cpu"] = measure_http_cpu(
+        files_by_size, concurrency=16, seconds=args.seconds, warmup=args.warmup, log_dir=args.work / "logs"
+    )
+    results["ceiling"] = ceilings(results, info["cores"])
     results["http"] = measure_http(
         contestants,
         files_by_size,
@@ -229,15 +389,18 @@ def main(argv: list[str] | None = None) -> None:
         model_dir=model_dir,
         seconds=args.seconds,
         warmup=args.warmup,
+        rounds=rounds,
         log_dir=args.work / "logs",
+        tuned=results["autotune"],
     )
 
     results["trained"] = []
     if str(args.trained) and args.trained.is_dir():
         first_size = next(iter(files_by_size))
         for name, version_dir in trained_models(args.trained):
-            these = [s for s in servers.contestants(args.trained, name, version_dir.name) if s.key in wanted]
-            these = [s for s in these if s.key != "patchserve-no-batching"]
+            alone = one_model_repository(args.work, name, version_dir)
+            these = [s for s in servers.contestants(alone, name, version_dir.name) if s.key in wanted]
+            these = fresh_tuning([s for s in these if s.key != "patchserve-no-batching"], cache)
             results["trained"].append(
                 {
                     "model": name,
@@ -251,7 +414,9 @@ def main(argv: list[str] | None = None) -> None:
                         model_dir=version_dir,
                         seconds=args.seconds,
                         warmup=args.warmup,
+                        rounds=rounds,
                         log_dir=args.work / "logs" / name,
+                        tuned=results["autotune"],
                     ),
                 }
             )
@@ -265,7 +430,10 @@ def main(argv: list[str] | None = None) -> None:
     path = args.out / f"{stem}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
     plots.plot(results, args.out / stem)
-    print(report.markdown(results, path))
+    text = report.markdown(results, path)
+    if args.docs is not None:
+        report.write_docs(text, args.docs)
+    print(text)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,13 @@ def contestants(repository: Path, model: str, version: str = "1") -> list[Server
     ]
 
 
+def echo() -> Server:
+    """The HTTP-cost endpoint (bench/echo_app.py): uvicorn with uvloop and httptools, as patchserve runs."""
+    argv = (sys.executable, "-m", "uvicorn", "bench.echo_app:app", "--host", HOST, "--port", "{port}",
+            "--loop", "uvloop", "--http", "httptools", "--log-level", "warning", "--no-access-log")  # fmt: skip
+    return Server("echo", "HTTP alone (reads the body, fixed JSON)", argv, "/echo", "/healthz")
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind((HOST, 0))

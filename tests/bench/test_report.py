@@ -1,10 +1,14 @@
-"""The benchmark's arithmetic: ratios to (a) and (b), the issue's targets, the README table (no load is run)."""
+"""The benchmark's arithmetic: medians over rounds, the ceiling, ratios, the issue's targets, void points, the
+interleaving order, the tables (no load is run)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
 from bench import report
+from bench.run import schedule
 
 SERVERS = {
     "patchserve": "(c) patchserve",
@@ -12,86 +16,145 @@ SERVERS = {
     "naive": "(e) naive FastAPI endpoint",
     "litserve": "(f) LitServe, batching on",
 }
+QUIET = {"foreign_cores": 0.01}
 
 
-def point(server: str, size: str, concurrency: int, throughput: float, p50: float, p99: float) -> dict:
-    return {
-        "server": server, "label": SERVERS[server], "size": size, "concurrency": concurrency,
-        "throughput": throughput, "p50_ms": p50, "p90_ms": p50, "p99_ms": p99, "errors": 0,
-    }  # fmt: skip
+def round_(throughput: float, p50: float, p99: float, void: str = "") -> dict:
+    load = {"foreign_cores": 0.5} if void else QUIET
+    return {"throughput": throughput, "p50_ms": p50, "p90_ms": p50, "p99_ms": p99, "errors": 0, "void": void,
+            "load": load}  # fmt: skip
 
 
-def results() -> dict:
+def point(server: str, size: str, c: int, throughput: float, p50: float, p99: float, void: str = "") -> dict:
+    rounds = [round_(throughput * f, p50 * f, p99 * f) for f in (0.95, 1.0, 1.05)]
+    if void:
+        rounds[1] = round_(throughput, p50, p99, void)
+    return {"model": "m", "server": server, "label": SERVERS[server], "size": size, "concurrency": c,
+            **report.summarise(rounds), "rounds_detail": rounds}  # fmt: skip
+
+
+def results(void: set[tuple[str, str, int]] = frozenset()) -> dict:
     raw = {
-        size: {
-            "a": {"images_per_s": 60.0, "best_batch_size": 4},
-            "b_sequential": {"images_per_s": 40.0, "decode_ms": 1.5},
-            "b_threads": {"images_per_s": 50.0},
-        }
+        size: {"a": {"images_per_s": 94.2, "best_batch_size": 4}, "b_sequential": {"images_per_s": 73.0},
+               "b_threads": {"images_per_s": 74.0}, "void": ""}
         for size in ("640x480", "4000x3000")
-    }
-    http = [
-        point("patchserve", "640x480", 1, 45.0, 20.0, 24.0),
-        point("naive", "640x480", 1, 40.0, 25.0, 30.0),
-        point("patchserve", "640x480", 16, 55.0, 280.0, 350.0),
-        point("naive", "640x480", 16, 50.0, 300.0, 500.0),
-        point("litserve", "640x480", 16, 40.0, 390.0, 580.0),
-        point("patchserve", "4000x3000", 1, 30.0, 33.0, 40.0),
-        point("naive", "4000x3000", 1, 28.0, 36.0, 45.0),
-        point("patchserve", "4000x3000", 16, 33.0, 480.0, 520.0),
-        point("naive", "4000x3000", 16, 22.0, 700.0, 900.0),
-        point("litserve", "4000x3000", 16, 27.5, 600.0, 700.0),
-    ]
+    }  # fmt: skip
+    ceiling = {
+        size: {"images_per_s": report.ceiling(94.2, decode / 1e3, 0.7e-3, 2), "decode_cpu_ms": decode,
+               "http_cpu_ms": 0.7, "cores": 2, "void": False}
+        for size, decode in (("640x480", 1.3), ("4000x3000", 13.1))
+    }  # fmt: skip
+    figures = [
+        ("patchserve", "640x480", 1, 70.0, 14.0, 16.0), ("naive", "640x480", 1, 68.5, 14.6, 17.0),
+        ("litserve", "640x480", 1, 47.3, 21.1, 25.0),
+        ("patchserve", "640x480", 16, 82.0, 190.0, 230.0), ("naive", "640x480", 16, 73.0, 210.0, 329.0),
+        ("litserve", "640x480", 16, 60.0, 260.0, 357.0),
+        ("patchserve", "640x480", 64, 83.0, 760.0, 900.0), ("naive", "640x480", 64, 74.0, 850.0, 1300.0),
+        ("litserve", "640x480", 64, 61.0, 1000.0, 1500.0),
+        ("patchserve", "4000x3000", 1, 40.0, 25.0, 30.0), ("naive", "4000x3000", 1, 39.6, 25.3, 31.0),
+        ("patchserve", "4000x3000", 16, 54.0, 290.0, 330.0), ("naive", "4000x3000", 16, 50.5, 310.0, 420.0),
+        ("litserve", "4000x3000", 16, 39.9, 400.0, 520.0),
+    ]  # fmt: skip
+    http = [point(*f, void="foreign processes took 0.50 cores" if f[:3] in void else "") for f in figures]
     data = {
-        "started": "2026-01-01T00:00:00+00:00",
-        "command": "make bench",
-        "machine": {
-            "cpu": "AMD EPYC", "cores": 2, "memory_gib": 23.5, "load_average": [0.3, 0.4, 0.5],
-            "versions": {"onnxruntime": "1.31.1", "litserve": "0.2.19"}, "wrk": "wrk 4.1.0",
-        },
+        "started": "2026-12-01T20:00:00+00:00", "finished": "2026-12-01T20:35:00+00:00", "command": "make bench",
+        "machine": {"cpu": "AMD EPYC", "cores": 2, "cpus": "2 usable cores", "memory_gib": 23.5,
+                    "versions": {"onnxruntime": "1.31.1", "litserve": "0.2.19"}, "wrk": "wrk 4.1.0"},
         "model": {"name": "vit-ti16-random", "manifest": "ViT-Ti/16"},
-        "protocol": {"seconds": 15, "warmup": 3},
+        "protocol": {"seconds": 10, "warmup": 2, "rounds": 3, "void_threshold_cores": 0.1},
         "servers": {key: {"label": label} for key, label in SERVERS.items()},
-        "raw": raw,
-        "http": http,
+        "raw": raw, "ceiling": ceiling, "http": http,
+        "trained": [{"model": "vit-digits", "size": "640x480", "raw": raw["640x480"], "http": [
+            point("patchserve", "640x480", 1, 600.0, 1.3, 2.0), point("naive", "640x480", 1, 620.0, 1.4, 7.0),
+            point("patchserve", "640x480", 16, 700.0, 21.0, 60.0), point("naive", "640x480", 16, 530.0, 29.0, 75.0),
+        ]}],
+        "autotune": {"vit-ti16-random (patchserve)": {
+            "threads": {"reason": "2 usable cores: 1 instance × 2 intra-op threads"},
+            "autotune": {"source": "measured", "chosen": {"instances": 1, "max_batch_size": 4},
+                         "curve": [{"instances": 1, "batch_size": 1, "images_per_s": 82.0},
+                                   {"instances": 1, "batch_size": 4, "images_per_s": 94.0}]}}},
     }  # fmt: skip
     data["ratios"] = report.ratios(data)
     data["targets"] = report.targets(data)
     return data
 
 
-def test_every_figure_is_divided_by_a_and_b_of_its_own_size() -> None:
-    ratio = next(r for r in results()["ratios"] if r["server"] == "patchserve" and r["concurrency"] == 16)
-    assert ratio["vs_a"] == pytest.approx(55 / 60)
-    assert ratio["vs_b_sequential"] == pytest.approx(55 / 40)
-    assert ratio["vs_b_threads"] == pytest.approx(55 / 50)
+def test_the_ceiling_adds_decode_and_http_cpu_to_ort_over_the_cores() -> None:
+    # 1 / (1/94.2 + (1.3 + 0.7) ms / 2 cores): 10.616 ms + 1.0 ms per image
+    assert report.ceiling(94.2, 1.3e-3, 0.7e-3, 2) == pytest.approx(1 / (1 / 94.2 + 0.001))
+    assert report.ceiling(94.2, 1.3e-3, 0.7e-3, 2) == pytest.approx(86.09, abs=0.01)
+    assert report.ceiling(94.2, 13.1e-3, 0.7e-3, 2) == pytest.approx(57.09, abs=0.01)
+    assert report.ceiling(100.0, 0.0, 0.0, 4) == pytest.approx(100.0)  # nothing else to do: ORT's own rate
 
 
-def test_the_targets_are_the_issues_with_the_measured_values() -> None:
+def test_rounds_give_the_median_and_its_spread_and_one_void_round_voids_the_point() -> None:
+    summary = report.summarise([round_(90, 10, 12), round_(110, 12, 15), round_(100, 11, 13)])
+    assert (summary["throughput"], summary["throughput_min"], summary["throughput_max"]) == (100, 90, 110)
+    assert summary["p99_ms"] == 13 and not summary["void"] and summary["rounds_valid"] == 3
+    loaded = report.summarise([round_(90, 10, 12), round_(50, 20, 30, "foreign processes took 0.5 cores")])
+    assert (
+        loaded["void"]
+        and loaded["rounds_valid"] == 1
+        and loaded["void_reasons"] == ["foreign processes took 0.5 cores"]
+    )
+    assert loaded["foreign_cores_max"] == 0.5
+    nothing = report.summarise([round_(50, 20, 30, "loaded")])
+    assert nothing["void"] and nothing["throughput"] is None
+
+
+def test_contestants_are_interleaved_in_rounds_within_each_point() -> None:
+    order = schedule(["640x480", "4000x3000"], [1, 16], ["A", "B", "C"], rounds=3)
+    first = [(r, key) for size, c, r, key in order if (size, c) == ("640x480", 1)]
+    assert first == [(0, "A"), (0, "B"), (0, "C"), (1, "A"), (1, "B"), (1, "C"), (2, "A"), (2, "B"), (2, "C")]
+    points = [(size, c) for size, c, _, _ in order[::9]]
+    assert points == [("640x480", 1), ("640x480", 16), ("4000x3000", 1), ("4000x3000", 16)]
+    assert len(order) == 2 * 2 * 3 * 3
+
+
+def test_the_targets_are_issue_14s_with_the_medians() -> None:
     targets = {t["target"]: t for t in results()["targets"]}
-    assert targets["640x480, c=16: patchserve / (a) raw ORT best batch"]["value"] == pytest.approx(55 / 60)
-    assert targets["640x480, c=16: patchserve / (a) raw ORT best batch"]["met"] is True  # 0.917 >= 0.90
-    assert targets["640x480, c=16: patchserve / (f) LitServe"]["value"] == pytest.approx(55 / 40)
-    assert targets["640x480, c=16: patchserve / (e) naive"]["value"] == pytest.approx(1.1)
-    assert targets["640x480, c=16: patchserve p99 / its own p50"]["value"] == pytest.approx(350 / 280)
-    assert targets["4000x3000, c=16: patchserve / the better of (e), (f)"]["value"] == pytest.approx(33 / 27.5)
-    assert targets["640x480, c=1: patchserve p50 / (e) naive p50"]["met"] is True  # 20 <= 25 ms
-    assert targets["4000x3000, c=1: patchserve p50 / (e) naive p50"]["value"] == pytest.approx(33 / 36)
+    assert targets["640x480, c=16: patchserve / naive"]["value"] == pytest.approx(82 / 73)
+    assert targets["640x480, c=16: patchserve / naive"]["met"] is True  # 1.12 >= 1.05
+    assert targets["640x480, c=16: patchserve / litserve"]["value"] == pytest.approx(82 / 60)
+    assert targets["640x480, c=16: patchserve / ceiling"]["value"] == pytest.approx(82 / 86.0868, rel=1e-4)
+    assert targets["640x480, c=64: patchserve / naive"]["value"] == pytest.approx(83 / 74)
+    assert targets["640x480, c=1: patchserve p50 / naive p50"]["met"] is True  # 14.0 <= 14.6
+    assert targets["640x480, c=16: patchserve p99 / its p50"]["value"] == pytest.approx(230 / 190)
+    assert targets["4000x3000, c=16: patchserve / litserve"]["met"] is True  # 54 / 39.9 = 1.35
+    assert targets["4000x3000, c=64: patchserve / naive"]["met"] is None  # not measured
+    assert targets["vit-digits, c=16: patchserve / naive"]["value"] == pytest.approx(700 / 530)
+    assert targets["vit-digits, c=1: patchserve p50 / naive p50"]["met"] is True
 
 
-def test_a_target_whose_points_were_not_measured_says_so() -> None:
-    data = results()
-    data["http"] = [r for r in data["http"] if r["server"] != "litserve"]
-    targets = {t["target"]: t for t in report.targets(data)}
-    assert targets["640x480, c=16: patchserve / (f) LitServe"] == {
-        "target": "640x480, c=16: patchserve / (f) LitServe", "value": None, "bound": 1.25, "at_least": True,
-        "met": None,
-    }  # fmt: skip
-    assert targets["4000x3000, c=16: patchserve / the better of (e), (f)"]["value"] == pytest.approx(33 / 22)
+def test_a_target_resting_on_a_void_point_is_void_not_met_or_missed() -> None:
+    data = results(void={("naive", "640x480", 16)})
+    targets = {t["target"]: t for t in data["targets"]}
+    assert targets["640x480, c=16: patchserve / naive"]["value"] is None
+    assert targets["640x480, c=16: patchserve / naive"]["met"] is None
+    assert targets["640x480, c=16: patchserve / litserve"]["met"] is True  # its own points were quiet
+    ratio = {(r["server"], r["size"], r["concurrency"]): r for r in data["ratios"]}
+    naive = ratio[("naive", "640x480", 16)]
+    assert naive["vs_ceiling"] is None
 
 
-def test_the_markdown_table_has_a_row_per_point_and_the_machine() -> None:
-    text = report.markdown(results(), "bench/results/x.json")
-    assert "AMD EPYC, 2 cores" in text and "0.30, 0.40, 0.50" in text
-    assert "| (c) patchserve | 640x480 | 16 | 55.0 | 280.0 | 280.0 | 350.0 | 0 | 0.92 | 1.38 |" in text
-    assert text.count("| (e) naive FastAPI endpoint |") == 4
+def test_the_tables_show_medians_with_their_spread_and_never_a_void_points_number() -> None:
+    text = report.markdown(results(void={("naive", "640x480", 16)}), "bench/results/x.json")
+    assert "AMD EPYC, 2 usable cores" in text and "3 interleaved rounds" in text
+    assert "Quiet: 17 of 18 points valid" in text
+    ours = "| (c) patchserve | 640x480 | 16 | 82.0 (77.9–86.1) | 190.0 (180.5–199.5) | 230.0 (218.5–241.5) | 0 | 0.95 |"
+    assert ours in text
+    naive_16 = next(ln for ln in text.splitlines() if ln.startswith("| (e) naive FastAPI endpoint | 640x480 | 16 |"))
+    assert naive_16.count("void") == 3 and "73.0" not in naive_16 and naive_16.endswith("| 0.50 | 2/3 |")
+    assert "| 640x480 | 94.2 (batch 4) | 73.0 | 1.30 | 0.70 | 86.1 |" in text
+    tuned = "| 1 instance(s), max_batch_size 4 | n1 b1 82, n1 b4 94 |"
+    assert f"| vit-ti16-random (patchserve) | 2 usable cores: 1 instance × 2 intra-op threads {tuned}" in text
+
+
+def test_the_docs_page_is_written_between_its_markers(tmp_path: Path) -> None:
+    page = tmp_path / "performance.md"
+    page.write_text(f"# Performance\n\nintro\n\n{report.BEGIN}\nold tables\n{report.END}\n\nafter\n")
+    report.write_docs("new tables", page)
+    assert page.read_text() == f"# Performance\n\nintro\n\n{report.BEGIN}\nnew tables\n{report.END}\n\nafter\n"
+    (tmp_path / "bare.md").write_text("no markers")
+    with pytest.raises(ValueError, match="markers"):
+        report.write_docs("x", tmp_path / "bare.md")
