@@ -429,7 +429,10 @@ def main(argv: list[str] | None = None) -> None:
     stem = f"{started:%Y-%m-%d}-{info['host']}"
     path = args.out / f"{stem}.json"
     path.write_text(json.dumps(results, indent=2) + "\n")
-    plots.plot(results, args.out / stem)
+    if any(not r["void"] for r in results["http"]):
+        plots.plot(results, args.out / stem)
+    else:
+        log.warning("every point was void (the machine was not quiet): no plots")
     text = report.markdown(results, path)
     if args.docs is not None:
         report.write_docs(text, args.docs)

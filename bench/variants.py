@@ -6,7 +6,9 @@
 Each variant is a name and ``PATCHSERVE_*`` settings (lower case, ``name:value`` pairs, comma
 separated) applied on top of the defaults. Every variant is started at once and each
 (concurrency, round) point is measured for each variant in turn, so load from elsewhere on the
-machine hits them alike. Writes ``bench/results/variants-<date>-<host>.json`` and prints a table.
+machine hits them alike; each point is watched for foreign load (:mod:`bench.quiet`) and marked
+void when the machine was not quiet. Writes ``bench/results/variants-<date>-<host>.json`` and
+prints a table.
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ import os
 import socket
 from pathlib import Path
 
-from bench import images, loadgen, servers
+from bench import images, loadgen, quiet, servers
 
 MODEL = "vit-ti16-random"
 DEFAULT_VARIANTS = {
-    "defaults": {},  # 2 sessions x ORT's default threads, spinning off, one decode thread per core
-    "one-session": {"instances": "1"},
-    "one-session-spinning": {"instances": "1", "intra_op_spinning": "true"},
-    "two-sessions-one-thread": {"intra_op_threads": "1"},
+    "defaults": {},  # from the usable cores (1 session x every core, spinning) and the auto-tuner
+    "two-sessions": {"instances": "2"},
+    "no-spinning": {"intra_op_spinning": "false"},
+    "tuner-off": {"auto_tune": "false"},  # the hardware defaults, max_batch_size 8
     "one-decode-thread": {"decode_threads": "1"},
 }
 
@@ -49,7 +51,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", default="1,16")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
@@ -66,12 +68,23 @@ def main(argv: list[str] | None = None) -> None:
                 for server in contestants:
                     url = running[server.key].url + server.path
                     loadgen.run(url, files, concurrency=concurrency, seconds=args.warmup)
-                    r = loadgen.run(url, files, concurrency=concurrency, seconds=args.seconds)
-                    load = os.getloadavg()
-                    rows.append({"variant": server.key, "round": round_, **r.to_dict(), "load_average": load})
+                    with quiet.Watch() as watch:
+                        r = loadgen.run(url, files, concurrency=concurrency, seconds=args.seconds)
+                    assert watch.load is not None
+                    void = quiet.void_reason(watch.load)
+                    rows.append(
+                        {
+                            "variant": server.key,
+                            "round": round_,
+                            **r.to_dict(),
+                            "load": watch.load.to_dict(),
+                            "void": void,
+                        }
+                    )
                     print(
                         f"round {round_}  {server.key:<26s} c={concurrency:<3d} {r.throughput:7.1f} req/s  "
-                        f"p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  errors {r.errors}  load {load[0]:.1f}",
+                        f"p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  errors {r.errors}  "
+                        f"foreign {watch.load.foreign_cores:.2f} cores{'  VOID' if void else ''}",
                         flush=True,
                     )
     args.out.mkdir(parents=True, exist_ok=True)

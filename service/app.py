@@ -77,6 +77,7 @@ def tuner(settings: Settings) -> Tuner | None:
         max_batch_size=settings.tune_max_batch_size,
         max_instances=settings.tune_max_instances,
         ort_version=onnxruntime.__version__,
+        busy_cores=settings.tune_busy_cores,
     )
 
 

@@ -124,6 +124,7 @@ class ModelVersion:
                 {"instances": p.instances, "batch_size": p.batch_size, "images_per_s": p.images_per_s} for p in t.points
             ],
             "seconds": round(t.seconds, 3),
+            "foreign_cores": round(t.foreign_cores, 3),
             "measured_at": t.measured_at,
             "cache_file": t.cache_file,
         }

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
         0, ge=0, le=1024, description="Largest batch size the auto-tuner tries (0: 16 on the CPU, 64 on a GPU)."
     )
     tune_max_instances: int = Field(2, ge=1, le=16, description="Most instances the auto-tuner tries.")
+    tune_busy_cores: float = Field(
+        0.25, gt=0.0, description="Cores other processes may take while the tuner measures; more: not cached."
+    )
     tune_cache: Path | None = Field(
         None,
         description="Folder of the auto-tuner's results, by model file and machine (unset: the user's cache folder).",

@@ -3,7 +3,10 @@
 For each instance count n in 1…N and batch size b in 1, 2, 4, … up to a bound, n sessions run
 batches of b zeros concurrently, one thread each, for ``point_seconds``; images per second is
 the point's throughput. The whole measurement stops at ``budget_seconds`` (what was measured
-by then is used), and a batch-size sweep stops early once the curve has clearly turned down.
+by then is used), and a batch-size sweep stops early once two sizes in a row gave under 90 %
+of its best. The CPU time other processes took meanwhile is measured too (/proc/stat's busy
+time minus this process's): a result measured on a busy machine is used but not cached, so
+the next start measures again.
 :func:`choose` then takes the smallest instance count, and within it the smallest batch, whose
 throughput is within ``tolerance`` (5 %) of the best measured: on the CPU, where the curve is
 flat (ViT-Ti/16: b1 82, b4 94, b16 84 img/s), that is a small batch, which keeps latency low; on a
@@ -39,7 +42,8 @@ log = logging.getLogger(__name__)
 
 RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
 TOLERANCE = 0.05  # within 5 % of the best throughput counts as as good
-TURN_DOWN = 0.90  # a sweep stops once a batch size gives under 90 % of the best so far
+TURN_DOWN = 0.90  # a sweep stops once two batch sizes in a row give under 90 % of the best so far
+BUSY = 0.25  # cores other processes may take while the tuner measures before its result is not cached
 CACHE_VERSION = 1
 
 
@@ -63,7 +67,8 @@ class TuneResult:
         seconds: wall seconds the measurement took (0 when read from the cache).
         key: the cache key (graph hash, machine, threads, bounds).
         measured_at: ISO 8601 UTC time of the measurement.
-        cache_file: where it is cached ("" when it could not be written).
+        cache_file: where it is cached ("" when it could not be written or was not, the machine being busy).
+        foreign_cores: CPU other processes took while it was measured, in cores.
     """
 
     instances: int
@@ -75,6 +80,7 @@ class TuneResult:
     measured_at: str = ""
     cache_file: str = ""
     identity: dict = field(default_factory=dict)
+    foreign_cores: float = 0.0
 
     def to_dict(self) -> dict:
         """JSON-ready, the curve as a list of {instances, batch_size, images_per_s}."""
@@ -180,7 +186,7 @@ def measure(
         if clock() - started >= budget_seconds:
             break
         runners = make_runners(n)
-        best = 0.0
+        best, below = 0.0, 0
         for b in sizes:
             if clock() - started >= budget_seconds:
                 log.warning("auto-tune: the %.1f s budget ran out at n=%d, b=%d", budget_seconds, n, b)
@@ -189,8 +195,9 @@ def measure(
             throughput = measure_one(runners, batch, point_seconds)
             points.append(Point(n, b, throughput))
             best = max(best, throughput)
-            if throughput < TURN_DOWN * best:
-                break  # the curve has turned down: larger batches will not pay
+            below = below + 1 if throughput < TURN_DOWN * best else 0
+            if below == 2:
+                break  # two sizes in a row well below the best: the curve has turned down
         del runners
     return points
 
@@ -307,6 +314,21 @@ class TuneCache:
                 fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def cpu_clocks(proc_stat: Path = Path("/proc/stat")) -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, user + nice + system; this process's CPU seconds).
+
+    From ``/proc/stat``'s ``cpu`` line (proc(5), clock ticks) and ``os.times()``; (0, own) where
+    there is no /proc, so the machine never looks busy there.
+    """
+    own = sum(os.times()[:2])
+    try:
+        line = next(ln for ln in proc_stat.read_text().splitlines() if ln.startswith("cpu "))
+    except (OSError, StopIteration):
+        return own, own
+    user, nice, system = (int(v) for v in line.split()[1:4])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK"), own
+
+
 def tune(
     name: str,
     version: int,
@@ -316,14 +338,18 @@ def tune(
     run_measurement: Callable[[], list[Point]],
     tolerance: float = TOLERANCE,
     identity: Mapping[str, object] | None = None,
+    clocks: Callable[[], tuple[float, float]] = cpu_clocks,
+    busy_cores: float = BUSY,
 ) -> TuneResult:
-    """The cached result for ``key``, or a new measurement (cached for next time).
+    """The cached result for ``key``, or a new measurement (cached for next time if the machine was quiet).
 
     Args:
         name, version: the model version (file names, logs).
         key: :func:`cache_key` of the graph, the machine and the request.
         cache: where results are kept (None: always measure, keep nothing).
         run_measurement: measures the curve (:func:`measure` with its arguments bound).
+        clocks: (machine busy CPU seconds, own CPU seconds) now; see :func:`cpu_clocks`.
+        busy_cores: other processes taking more cores than this meanwhile: the result is not cached.
     """
     with cache.lock(key) if cache is not None else contextlib.nullcontext():
         if cache is not None and (cached := cache.load(name, version, key)) is not None:
@@ -332,19 +358,28 @@ def tune(
                 name, version, cached.cache_file, cached.instances, cached.max_batch_size,
             )  # fmt: skip
             return cached
-        started = time.monotonic()
+        started, (busy, own) = time.monotonic(), clocks()
         points = run_measurement()
+        seconds, (busy_after, own_after) = time.monotonic() - started, clocks()
+        foreign = max(0.0, (busy_after - busy) - (own_after - own)) / max(seconds, 1e-9)
         chosen = choose(points, tolerance)
         result = TuneResult(
             chosen.instances,
             chosen.batch_size,
             points,
-            seconds=time.monotonic() - started,
+            seconds=seconds,
             key=key,
             measured_at=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             identity=dict(identity or {}),
+            foreign_cores=foreign,
         )
-        if cache is not None:
+        if foreign > busy_cores:
+            result.source = "measured on a busy machine: not cached"
+            log.warning(
+                "model %s version %d: other processes took %.2f cores while the auto-tuner measured; its choice "
+                "is used but not cached, and the next start measures again", name, version, foreign,
+            )  # fmt: skip
+        elif cache is not None:
             result.cache_file = cache.store(name, version, result)
     log.info(
         "model %s version %d: auto-tuned in %.1f s: %d instance(s), max_batch_size %d; curve %s",
@@ -364,6 +399,7 @@ class Tuner:
         max_batch_size: the largest batch size tried (0: 16 on the CPU, 64 on a GPU).
         max_instances: the most instances tried (on the CPU also at most the model's cores).
         ort_version: ONNX Runtime's version (part of the cache key).
+        busy_cores: other processes' load (cores) above which a measurement is not cached.
     """
 
     cache: TuneCache | None
@@ -372,6 +408,7 @@ class Tuner:
     max_batch_size: int = 0
     max_instances: int = 2
     ort_version: str = ""
+    busy_cores: float = BUSY
 
     def run(
         self,
@@ -445,4 +482,12 @@ class Tuner:
                 budget_seconds=self.budget_seconds,
             )
 
-        return tune(name, version, key, cache=self.cache, run_measurement=run_measurement, identity=identity)
+        return tune(
+            name,
+            version,
+            key,
+            cache=self.cache,
+            run_measurement=run_measurement,
+            identity=identity,
+            busy_cores=self.busy_cores,
+        )

@@ -68,8 +68,8 @@ def test_measure_walks_the_grid_stops_when_the_curve_turns_down_and_keeps_to_the
     clock = FakeClock()
     made: list[int] = []
     seen: list[tuple[int, int]] = []
-    table = {(1, 1): 80.0, (1, 2): 90.0, (1, 4): 94.0, (1, 8): 80.0}  # one instance: turns down at b8
-    table |= {(2, 1): 85.0, (2, 2): 86.0, (2, 4): 87.0, (2, 8): 88.0, (2, 16): 88.0}
+    table = {(1, 1): 80.0, (1, 2): 90.0, (1, 4): 94.0, (1, 8): 80.0, (1, 16): 84.0}  # turns down at b8 and b16
+    table |= {(2, 1): 85.0, (2, 2): 70.0, (2, 4): 87.0, (2, 8): 88.0, (2, 16): 88.0, (2, 32): 88.0}  # one dip
 
     def make_runners(n: int) -> list:
         made.append(n)
@@ -81,15 +81,16 @@ def test_measure_walks_the_grid_stops_when_the_curve_turns_down_and_keeps_to_the
         clock.now += 1.0
         return table[(len(runners), len(batch))]
 
-    args = {"instance_counts": [1, 2], "sizes": [1, 2, 4, 8, 16], "point_seconds": 0.25}
+    args = {"instance_counts": [1, 2], "sizes": [1, 2, 4, 8, 16, 32], "point_seconds": 0.25}
     points = measure(make_runners, (1, 8, 8), budget_seconds=100, measure_one=measure_one, clock=clock, **args)
-    assert seen == [(1, 1), (1, 2), (1, 4), (1, 8), (2, 1), (2, 2), (2, 4), (2, 8), (2, 16)]  # 80 < 0.9 x 94: stop
+    one = [(1, 1), (1, 2), (1, 4), (1, 8), (1, 16)]  # 80 and 84 < 0.9 x 94: no b32
+    assert seen == [*one, (2, 1), (2, 2), (2, 4), (2, 8), (2, 16), (2, 32)]  # a single dip does not stop it
     assert [(p.instances, p.batch_size, p.images_per_s) for p in points] == [(*k, table[k]) for k in seen]
     assert made == [1, 2]
 
     clock.now, seen[:] = 0.0, []
     points = measure(make_runners, (1, 8, 8), budget_seconds=5.5, measure_one=measure_one, clock=clock, **args)
-    assert len(points) == 6 and seen[-1] == (2, 2)  # no point starts once 5.5 s have passed
+    assert len(points) == 6 and seen[-1] == (2, 1)  # five for n=1, then none starts once 5.5 s have passed
 
 
 def test_the_cache_key_changes_with_the_graph_the_machine_and_the_request() -> None:
@@ -129,6 +130,16 @@ def test_a_cached_result_is_read_instead_of_measured_and_a_stale_one_is_not(tmp_
     assert TuneResult.from_dict(first.to_dict()) == first
 
 
+def test_a_result_measured_on_a_busy_machine_is_used_but_not_cached(tmp_path: Path) -> None:
+    cache = TuneCache(tmp_path)
+    readings = iter([(100.0, 10.0), (104.0, 11.0)])  # the machine busy 4 CPU s, of which this process 1
+    clocks = lambda: next(readings)  # noqa: E731
+    result = tune("m", 1, "b" * 64, cache=cache, run_measurement=lambda: [Point(1, 2, 90.0)], clocks=clocks)
+    assert result.max_batch_size == 2 and result.foreign_cores > 0.25
+    assert result.source == "measured on a busy machine: not cached" and result.cache_file == ""
+    assert cache.load("m", 1, "b" * 64) is None and not list(tmp_path.glob("*.json"))
+
+
 def _tune_in_another_process(folder: str, marks: str) -> int:
     def run_measurement() -> list[Point]:
         with open(marks, "a") as f:
@@ -156,7 +167,14 @@ def one_model_repository(tmp_path: Path, batching: dict | None = None) -> Path:
     return root
 
 
-TUNED = {"auto_tune": True, "instances": None, "tune_point_seconds": 0.02, "tune_max_batch_size": 4}
+# The busy threshold is lifted: the suite runs beside other work, and these tests check the cache, not the load.
+TUNED = {
+    "auto_tune": True,
+    "instances": None,
+    "tune_point_seconds": 0.02,
+    "tune_max_batch_size": 4,
+    "tune_busy_cores": 64,
+}
 
 
 @pytest.mark.anyio
