@@ -8,6 +8,7 @@ in the background while ``/healthz`` answers and ``/readyz`` says 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -27,7 +28,7 @@ from service.logs import AccessLogMiddleware
 from service.manifest import ManifestError, load_manifest
 from service.metrics import AUTOTUNE_THROUGHPUT, MODEL_INFO, MODEL_SETTING
 from service.middleware import RequestIdMiddleware
-from service.repository import ModelVersion, discover, load_repository
+from service.repository import ModelRepository, ModelVersion, discover, load_repository
 from service.runtime import CUDA, CudaOptions, requested_providers
 from service.settings import Settings, load_settings
 from service.state import ServerState
@@ -84,7 +85,17 @@ def tuner(settings: Settings) -> Tuner | None:
 def _load_and_warm_up(state: ServerState) -> None:
     """Blocking: tune, create every session and run each once per batch size. Sets ``state``."""
     settings = state.settings
-    repository = load_repository(
+    tuning = tuner(settings)
+    with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
+        repository = _load(settings, state, tuning)
+    for model in repository.all():
+        if model.runner.providers.ok:
+            model.warm_up()
+    state.repository = repository
+
+
+def _load(settings: Settings, state: ServerState, tuning: Tuner | None) -> ModelRepository:
+    return load_repository(
         settings.model_repository,
         device=settings.device,
         batching=BatchingConfig(
@@ -94,13 +105,9 @@ def _load_and_warm_up(state: ServerState) -> None:
         io_binding=settings.io_binding,
         cuda=CudaOptions(settings.cuda_device_id, settings.cudnn_conv_algo_search, settings.cuda_mem_limit),
         threads=state.threads,
-        tuner=tuner(settings),
+        tuner=tuning,
         batch_size_fixed="max_batch_size" in settings.model_fields_set,
     )
-    for model in repository.all():
-        if model.runner.providers.ok:
-            model.warm_up()
-    state.repository = repository
 
 
 def _export_choices(model: ModelVersion) -> None:

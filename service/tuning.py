@@ -15,8 +15,9 @@ GPU, where it rises steeply, it is the largest batch that still pays.
 The result is cached, one JSON file per model file and machine, keyed by the graph's SHA-256,
 the CPU or GPU identity, ONNX Runtime's version, the threads the sessions get and the bounds,
 so a restart reads it instead of measuring again. A file lock around "read, or measure and
-write" makes the first worker process measure while the others wait and then read its result:
-one measurement per server, taken while no other worker computes.
+write" makes the first worker process measure while the others wait and then read its result, and
+:meth:`Tuner.exclusive` holds one lock around a worker's whole loading phase, so no two workers
+measure at once: one measurement per server, taken while no other worker computes.
 """
 
 from __future__ import annotations
@@ -409,6 +410,14 @@ class Tuner:
     max_instances: int = 2
     ort_version: str = ""
     busy_cores: float = BUSY
+
+    def exclusive(self) -> contextlib.AbstractContextManager[None]:
+        """A lock across worker processes for a whole loading phase (every model's tuning and sessions).
+
+        Held around loading, it lets one worker measure all its models while the others wait,
+        so no two workers measure at once, nor one while another builds its sessions.
+        """
+        return self.cache.lock("loading-phase") if self.cache is not None else contextlib.nullcontext()
 
     def run(
         self,
