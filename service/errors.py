@@ -100,6 +100,16 @@ class InferenceFailed(ProblemError):
     status, title, slug = 500, "Inference failed", "inference-failed"
 
 
+class ImageProcessingFailed(ProblemError):
+    """500 for one image whose decoding or preprocessing raised what no input should make it raise.
+
+    A bug of ours, reported in that image's own ``results`` entry: its batch mates and the rest
+    of the request are answered as usual.
+    """
+
+    status, title, slug = 500, "Image processing failed", "image-processing-failed"
+
+
 class Unavailable(ProblemError):
     """503 with ``Retry-After``: queue full, not ready, or draining."""
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
@@ -19,10 +20,12 @@ import numpy as np
 
 from service import metrics
 from service.batching import InferenceResult
-from service.errors import BadRequest, ProblemError, Unavailable
+from service.errors import BadRequest, ImageProcessingFailed, PayloadTooLarge, ProblemError, Unavailable
 from service.images import DecodedImage, decode_image
 from service.preprocess import Preprocessor
 from service.repository import ModelVersion
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,9 @@ def decode_and_preprocess(preprocessor: Preprocessor, data: bytes, max_pixels: i
         The decoded image and its float32 (C, H, W) model input.
 
     Raises:
-        InvalidImage, PayloadTooLarge: as :func:`service.images.decode_image`.
+        InvalidImage, PayloadTooLarge: as :func:`service.images.decode_image`; PayloadTooLarge
+            also when the model input would have more than ``max_pixels`` pixels (a
+            ``shortest_edge`` policy without ``longest_edge`` turns a 1x4000 strip into 224x896000).
     """
     decoded = decode_image(
         data,
@@ -65,6 +70,12 @@ def decode_and_preprocess(preprocessor: Preprocessor, data: bytes, max_pixels: i
         draft_size=preprocessor.draft_size,
         background=preprocessor.spec.background,
     )
+    input_w, input_h = preprocessor.content_size(*decoded.image.size)
+    if input_w * input_h > max_pixels:
+        raise PayloadTooLarge(
+            f"the model's input for this {decoded.width}x{decoded.height} image would be {input_h}x{input_w} = "
+            f"{input_w * input_h} pixels; the limit is {max_pixels}"
+        )
     return decoded, preprocessor(decoded.image)
 
 
@@ -80,6 +91,13 @@ async def _decode(
             )
         except ProblemError as exc:
             return ImageOutcome(index, None, None, exc, time.perf_counter() - started), None
+        except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
+            log.exception("decoding or preprocessing image %d for %s/%s failed", index, model.name, model.version)
+            error = ImageProcessingFailed(
+                f"decoding or preprocessing this image failed on the server's side ({type(exc).__name__}), a "
+                "fault of ours, not of the image; the server log has the details"
+            )
+            return ImageOutcome(index, None, None, error, time.perf_counter() - started), None
     decode_seconds = time.perf_counter() - started
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
     return ImageOutcome(index, decoded, None, None, decode_seconds), x
