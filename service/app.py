@@ -21,10 +21,13 @@ from service.api.routes import health, inference, metrics, models, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
 from service.errors import RepositoryError, install_handlers
+from service.inference import DecodeLimits
 from service.logs import AccessLogMiddleware
 from service.manifest import ManifestError, load_manifest
 from service.metrics import MODEL_INFO
 from service.middleware import RequestIdMiddleware
+from service.pixel_budget import PixelBudget
+from service.prescan import PrescanLimits
 from service.repository import discover, load_repository
 from service.runtime import CudaOptions
 from service.settings import Settings, load_settings
@@ -81,6 +84,21 @@ async def _start_models(state: ServerState) -> None:
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
 
 
+def decode_limits(settings: Settings) -> DecodeLimits:
+    """The pre-scan's and one request's decoding limits, from ``settings``."""
+    return DecodeLimits(
+        prescan=PrescanLimits(
+            max_jpeg_scans=settings.max_jpeg_scans,
+            max_jpeg_scan_pixels=settings.max_jpeg_scan_pixels,
+            max_jpeg_segments=settings.max_jpeg_segments,
+            max_jpeg_fill_bytes=settings.max_jpeg_fill_bytes,
+            max_png_chunks=settings.max_png_chunks,
+            max_metadata_bytes=settings.max_image_metadata_bytes,
+        ),
+        max_request_pixels=settings.max_request_pixels,
+    )
+
+
 def create_app(settings: Settings) -> FastAPI:
     """Build the application for ``settings``.
 
@@ -93,6 +111,8 @@ def create_app(settings: Settings) -> FastAPI:
         settings,
         ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
         decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
+        decode_limits=decode_limits(settings),
+        pixel_budget=PixelBudget(settings.max_decoding_pixels),
     )
 
     @asynccontextmanager

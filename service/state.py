@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from service.inference import DecodeLimits
+from service.pixel_budget import PixelBudget
 from service.repository import ModelRepository
 from service.serve import shutdown_requested
 from service.settings import Settings
@@ -21,6 +23,8 @@ class ServerState:
         draining: set when shutdown begins; readiness turns 503 at once (as it does as soon as
             the process receives SIGTERM, see :mod:`service.serve`).
         startup_error: why loading failed, if it did.
+        decode_limits: the pre-scan's and one request's pixel limits (from the settings).
+        pixel_budget: the decoded pixels this worker holds at once (``max_decoding_pixels``).
     """
 
     settings: Settings
@@ -29,6 +33,8 @@ class ServerState:
     decode_parallelism: int = 1
     draining: bool = False
     startup_error: str = ""
+    decode_limits: DecodeLimits = field(default_factory=DecodeLimits)
+    pixel_budget: PixelBudget | None = None
 
     def not_ready_reasons(self) -> list[str]:
         """Why the server is not ready; empty when it is."""
