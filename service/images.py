@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import math
 import re
 import warnings
 from dataclasses import dataclass
@@ -26,6 +27,18 @@ from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from service.errors import BadRequest, InvalidImage, PayloadTooLarge
 from service.prescan import PrescanLimits, prescan
+
+try:
+    import webp  # libwebp's decode API through cffi (the webp package): scaled WebP decoding
+except ImportError:  # without it, Pillow decodes every WebP at full size
+    webp = None
+# libwebp's WebPDecoderOptions (src/webp/decode.h) is 14 ints and 5 uint32 of padding; the webp
+# package declares only use_threads, its 11th int. use_scaling, scaled_width and scaled_height
+# are the 8th to 10th: written by index, once the package's layout is the one decode.h gives.
+_SCALING = 7
+_WEBP_SCALES = webp is not None and (
+    webp.ffi.offsetof("WebPDecoderOptions", "use_threads") == 40 and webp.ffi.sizeof("WebPDecoderOptions") == 76
+)
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +226,52 @@ def _to_mode(image: Image.Image, color_mode: str, background: tuple[int, int, in
     return image.convert(color_mode) if image.mode != color_mode else image
 
 
+def _webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alpha: bool) -> Image.Image | None:
+    """A still WebP decoded by libwebp straight to about twice ``target`` (its built-in rescaler).
+
+    Pillow decodes a WebP through libwebp's animation API, which holds two full canvases and
+    hands Pillow a third copy: a 1.6 KB lossless 6300x6300 WebP took 608 MiB at peak. Decoding
+    with ``WebPDecode`` and ``options.use_scaling`` (libwebp's decode.h) writes only the scaled
+    rows, so the peak is the lossless decoder's own ARGB plane (4 bytes per pixel) or, for a
+    lossy file, a few macroblock rows. Like a JPEG's draft, the result is at least ``target``
+    in both sides (about twice it), never larger than the image; what the preprocessor then
+    resizes is this picture.
+
+    Args:
+        data: the WebP file.
+        size: (width, height) of the stored image, in pixels.
+        target: (width, height), in stored orientation, the preprocessor will resize to at least.
+        alpha: decode RGBA (the file has alpha) rather than RGB.
+
+    Returns:
+        An "RGB" or "RGBA" image, or None when scaling would not shrink it, or libwebp cannot
+        decode the file this way (then Pillow decodes it, and reports any fault).
+    """
+    if not _WEBP_SCALES:
+        return None
+    width, height = size
+    scale = min(1.0, 2 * max(target[0] / width, target[1] / height))
+    scaled = (max(1, min(width, math.ceil(width * scale))), max(1, min(height, math.ceil(height * scale))))
+    if scaled[0] * scaled[1] * 2 > width * height:
+        return None  # not worth a second path: Pillow decodes it
+    channels, mode = (4, webp.WebPColorMode.RGBA) if alpha else (3, webp.WebPColorMode.RGB)
+    pixels = np.empty((scaled[1], scaled[0], channels), dtype=np.uint8)  # (H, W, C)
+    config = webp.WebPDecoderConfig.new()
+    options = webp.ffi.cast("int *", webp.ffi.addressof(config.ptr, "options"))
+    options[_SCALING], options[_SCALING + 1], options[_SCALING + 2] = 1, *scaled
+    config.output.colorspace = mode.value
+    config.output.is_external_memory = 1
+    config.output.u.RGBA.rgba = webp.ffi.cast("uint8_t*", webp.ffi.from_buffer(pixels))
+    config.output.u.RGBA.size = pixels.size
+    config.output.u.RGBA.stride = scaled[0] * channels
+    source = webp.ffi.from_buffer(data)
+    status = webp.lib.WebPDecode(webp.ffi.cast("uint8_t*", source), len(data), config.ptr)
+    webp.lib.WebPFreeDecBuffer(webp.ffi.addressof(config.ptr, "output"))
+    if status != webp.lib.VP8_STATUS_OK:
+        return None
+    return Image.fromarray(pixels, "RGBA" if alpha else "RGB")
+
+
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
     if width < 1 or height < 1:
         raise InvalidImage(f"the image has no pixels ({width}x{height})")
@@ -244,7 +303,8 @@ def decode_image(
         color_mode: Pillow mode the model wants, "L" or "RGB".
         max_pixels: largest width x height accepted, checked from the header before decoding.
         draft_size: (width, height) in displayed orientation the caller will resize to; a JPEG
-            is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big.
+            is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big,
+            and a still WebP by libwebp's rescaler to about twice that (:func:`_webp_scaled`).
         background: (R, G, B) 0-255 under transparent pixels.
         limits: the structure and metadata limits of :func:`service.prescan.prescan`
             (default :class:`PrescanLimits`' defaults). An ICC profile or text chunk up to
@@ -330,15 +390,24 @@ def _decode(
             stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
             image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
         if probe:
-            progressive = fmt in ("JPEG", "MPO") and bool(image.info.get("progressive"))
-            return stored_w * stored_h if progressive else image.size[0] * image.size[1]
-        image.load()
-        if image.size[0] * image.size[1] > max_pixels:  # a plugin that learnt its size while loading
-            _check_pixels(*image.size, max_pixels)
-        if orientation != 1 and _orientation(image) == 1:
-            # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
-            # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
-            orientation, (width, height) = 1, image.size
+            # A progressive JPEG holds every coefficient of the whole image; a WebP, libwebp's
+            # full-size plane even when it is scaled: both count in full.
+            full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and bool(image.info.get("progressive")))
+            return stored_w * stored_h if full else image.size[0] * image.size[1]
+        scaled = None
+        if draft_size is not None and fmt == "WEBP" and getattr(image, "n_frames", 1) == 1:
+            stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
+            scaled = _webp_scaled(data, image.size, stored_target, alpha=image.mode == "RGBA")
+        if scaled is not None:
+            image = scaled
+        else:
+            image.load()
+            if image.size[0] * image.size[1] > max_pixels:  # a plugin that learnt its size while loading
+                _check_pixels(*image.size, max_pixels)
+            if orientation != 1 and _orientation(image) == 1:
+                # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
+                # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
+                orientation, (width, height) = 1, image.size
         image = _to_mode(image, color_mode, background)
         if orientation in _DISPLAY_TRANSPOSE:
             image = image.transpose(_DISPLAY_TRANSPOSE[orientation])

@@ -123,3 +123,17 @@ async def test_the_full_size_picture_is_dropped_unless_render_needs_it() -> None
     assert kept[0].image.image is not None and kept[0].image.image.size == (640, 480)
     assert dropped[0].image.image is None and dropped[0].image.size == (640, 480)
     assert dropped[0].image.width == 640 and dropped[0].result is not None
+
+
+def test_a_large_still_webp_is_decoded_scaled_like_a_jpeg_draft() -> None:
+    # Issue 15 F: Pillow's WebP path held three full canvases (608 MiB for a 6300x6300 file).
+    from service.images import decode_image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4000, 3000), (30, 60, 90)).save(buffer, "WEBP", lossless=True)
+    decoded = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8, draft_size=(128, 128))
+    assert (decoded.width, decoded.height) == (4000, 3000)  # the size as displayed, in full
+    assert decoded.size == (342, 256)  # twice the target on the short side, ceil(4000 * 256 / 3000) on the long
+    assert decoded.image.getpixel((5, 5)) == (30, 60, 90)
+    whole = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8)  # no draft size: full size
+    assert whole.size == (4000, 3000)
