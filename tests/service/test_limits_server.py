@@ -140,3 +140,33 @@ def test_32_webp_bombs_in_one_request_keep_peak_memory_bounded(fmt: str, request
     decoded = (request_pixels or 160_000_000) // 40_000_000
     assert statuses == [200] * decoded + [413] * (32 - decoded)
     assert growth < 400 * 2**20
+
+
+def test_a_client_that_never_reads_its_responses_is_disconnected_after_the_send_timeout() -> None:
+    # Issue 15: uvicorn has no send timeout; unread responses stayed buffered for the connection's life.
+    import time
+
+    with server_process(env={"PATCHSERVE_SEND_TIMEOUT": "1"}) as (url, process):
+        port = int(url.rsplit(":", 1)[1])
+        size = len(httpx.get(url + "/openapi.json").content)
+        count = 20 * 2**20 // size + 1  # 20 MiB of responses: more than any socket buffers on the way
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * count)  # pipelined, never read
+        deadline = time.monotonic() + 120  # a bound on waiting, never a measured figure
+        while "PATCHSERVE_SEND_TIMEOUT" not in process.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = process.log_path.read_text()
+        received, reset = 0, False
+        sock.settimeout(30)
+        try:
+            while chunk := sock.recv(1 << 16):
+                received += len(chunk)
+        except ConnectionResetError:
+            reset = True
+        sock.close()
+        alive = httpx.get(url + "/healthz")
+    assert "connection aborted" in log and "PATCHSERVE_SEND_TIMEOUT" in log
+    assert received < count * size and alive.status_code == 200  # cut off, and the server serves on
+    print(f"{count} pipelined responses of {size} bytes: {received} received before the abort (reset: {reset})")
