@@ -11,9 +11,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from concurrent.futures import Executor
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +20,14 @@ import numpy as np
 
 from service import metrics
 from service.batching import InferenceResult
-from service.errors import BadRequest, ImageProcessingFailed, PayloadTooLarge, ProblemError, Unavailable
+from service.errors import (
+    BadRequest,
+    DeadlineExceeded,
+    ImageProcessingFailed,
+    PayloadTooLarge,
+    ProblemError,
+    Unavailable,
+)
 from service.images import DecodedImage, decode_image, decoded_pixels
 from service.pixel_budget import PixelBudget
 from service.preprocess import Preprocessor
@@ -134,18 +140,38 @@ class _Work:
     seconds: float = 0.0
 
 
-async def _in_pool(pool: Executor, function: Callable[..., Any], *args: Any) -> Any:
-    return await asyncio.get_running_loop().run_in_executor(pool, function, *args)
+async def _until(deadline: float, clock_now: Callable[[], float], future: asyncio.Future[Any], what: str) -> Any:
+    """Await a decode-pool ``future`` until ``deadline`` (on the batcher's clock), then give up on it.
+
+    A Pillow decode running in a thread cannot be interrupted: the pre-scan's and the pixel
+    limits bound its work, and the request still answers at its deadline while it runs on.
+
+    Raises:
+        DeadlineExceeded: the deadline passed first (504).
+    """
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())  # its fault, if any, is retrieved
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), max(deadline - clock_now(), 0.0))
+    except TimeoutError:
+        raise DeadlineExceeded(f"the request's deadline passed while this image was being {what}") from None
 
 
 async def _probe_one(
-    model: ModelVersion, work: _Work, pool: Executor, max_pixels: int, limits: DecodeLimits, slots: asyncio.Semaphore
+    model: ModelVersion,
+    work: _Work,
+    pool: Executor,
+    max_pixels: int,
+    limits: DecodeLimits,
+    slots: asyncio.Semaphore,
+    deadline: float,
 ) -> None:
     """Read what ``work``'s file decodes to, from its header (pre-scan included), in the pool."""
     async with slots:
         started = time.perf_counter()
+        loop = asyncio.get_running_loop()
         try:
-            work.pixels = await _in_pool(pool, _probe, model, work.data, max_pixels, limits.prescan)
+            future = loop.run_in_executor(pool, _probe, model, work.data, max_pixels, limits.prescan)
+            work.pixels = await _until(deadline, model.batcher.clock.now, future, "read")
         except ProblemError as exc:
             work.error = exc
         except Exception as exc:
@@ -178,22 +204,36 @@ async def _decode(
     *,
     limits: DecodeLimits,
     budget: PixelBudget | None,
-    budget_timeout: float | None,
+    deadline: float,
     keep_image: bool,
 ) -> tuple[ImageOutcome, np.ndarray | None]:
     """Decode and preprocess one image in the pool, holding its pixels of the worker's budget meanwhile.
+
+    The pixels are reserved before the decode starts and returned when its thread ends, even
+    when the request stopped waiting for it at its deadline (504), so the budget bounds what the
+    decode threads really hold.
 
     Returns its outcome so far and its (C, H, W) input (None when it failed).
     """
     if work.error is not None:
         return ImageOutcome(work.index, None, None, work.error, work.seconds), None
+    now = model.batcher.clock.now
     async with slots:
         started = time.perf_counter()
         try:
-            async with budget.reserve(work.pixels, budget_timeout) if budget is not None else _nothing():
-                decoded, x = await _in_pool(
+            if budget is not None:
+                await budget.acquire(work.pixels, max(deadline - now(), 0.0))
+            try:
+                future = asyncio.get_running_loop().run_in_executor(
                     pool, _decode_and_preprocess, model, work.data, max_pixels, limits.prescan, keep_image
                 )
+            except BaseException:
+                if budget is not None:
+                    budget.release(work.pixels)
+                raise
+            if budget is not None:
+                future.add_done_callback(lambda _: budget.release(work.pixels))
+            decoded, x = await _until(deadline, now, future, "decoded")
         except ProblemError as exc:
             return ImageOutcome(work.index, None, None, exc, work.seconds + time.perf_counter() - started), None
         except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
@@ -202,11 +242,6 @@ async def _decode(
     decode_seconds = work.seconds + time.perf_counter() - started
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
     return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
-
-
-@asynccontextmanager
-async def _nothing() -> AsyncIterator[None]:
-    yield
 
 
 async def _submit(
@@ -275,8 +310,9 @@ async def infer_images(
         pool: the decode thread pool.
         max_pixels: the decoded-size limit (413 above it).
         deadline: when the request expires, on the batcher's clock (``model.batcher.deadline()``);
-            an image still queued then gets a 504. None: the model's ``request_timeout`` from
-            when each image is queued.
+            an image still waiting for decoding room, decoding or queued then gets a 504 (a
+            decode thread runs on, its pixels reserved until it ends). None: the model's
+            ``request_timeout``, from now for decoding and from when each image is queued.
         decode_parallelism: most of this request's images decoding at once (>= 1).
         limits: the pre-scan's and the request's pixel limits (default :class:`DecodeLimits`).
         budget: the worker's decoded-pixel budget (None: no budget).
@@ -292,10 +328,9 @@ async def infer_images(
     limits = limits or DecodeLimits()
     slots = asyncio.Semaphore(decode_parallelism)
     works = [_Work(i, data) for i, data in enumerate(payloads)]
-    await asyncio.gather(*(_probe_one(model, work, pool, max_pixels, limits, slots) for work in works))
+    decode_deadline = deadline if deadline is not None else model.batcher.deadline()
+    await asyncio.gather(*(_probe_one(model, work, pool, max_pixels, limits, slots, decode_deadline) for work in works))
     _within_request_budget(works, limits.max_request_pixels)
-    now = model.batcher.clock.now()
-    budget_timeout = max(deadline - now, 0.0) if deadline is not None else model.batcher.config.request_timeout
     decoded = await asyncio.gather(
         *(
             _decode(
@@ -306,7 +341,7 @@ async def infer_images(
                 slots,
                 limits=limits,
                 budget=budget,
-                budget_timeout=budget_timeout,
+                deadline=decode_deadline,
                 keep_image=keep_images,
             )
             for work in works

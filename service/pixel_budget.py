@@ -54,11 +54,18 @@ class PixelBudget:
             self.held += pixels
             future.set_result(None)
 
-    def _release(self, pixels: int) -> None:
+    def release(self, pixels: int) -> None:
+        """Give back ``pixels`` that :meth:`acquire` granted."""
         self.held -= pixels
         self._wake()
 
-    async def _acquire(self, pixels: int, timeout: float | None) -> None:
+    async def acquire(self, pixels: int, timeout: float | None) -> None:
+        """Wait until ``pixels`` fit, then hold them until :meth:`release`.
+
+        Raises:
+            PayloadTooLarge: ``pixels`` is more than the whole budget (413), at once.
+            DeadlineExceeded: no room within ``timeout`` seconds (504).
+        """
         if pixels > self.capacity:
             raise PayloadTooLarge(
                 f"the image decodes to {pixels} pixels, more than this worker decodes at once ({self.capacity}, "
@@ -74,7 +81,7 @@ class PixelBudget:
                 await asyncio.shield(future)
         except BaseException as exc:
             if future.done() and not future.cancelled():
-                self._release(pixels)  # granted just as it gave up: give it back
+                self.release(pixels)  # granted just as it gave up: give it back
             else:
                 future.cancel()
                 self._wake()  # it may have been the one holding the queue up
@@ -97,8 +104,8 @@ class PixelBudget:
             PayloadTooLarge: ``pixels`` is more than the whole budget (413), at once.
             DeadlineExceeded: no room within ``timeout`` seconds (504).
         """
-        await self._acquire(pixels, timeout)
+        await self.acquire(pixels, timeout)
         try:
             yield
         finally:
-            self._release(pixels)
+            self.release(pixels)

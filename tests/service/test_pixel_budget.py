@@ -137,3 +137,31 @@ def test_a_large_still_webp_is_decoded_scaled_like_a_jpeg_draft() -> None:
     assert decoded.image.getpixel((5, 5)) == (30, 60, 90)
     whole = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8)  # no draft size: full size
     assert whole.size == (4000, 3000)
+
+
+async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(monkeypatch) -> None:
+    # Issue 15 B: ?timeout=1 was answered only when the decode ended (9.8 s). A decode thread
+    # cannot be interrupted: the request answers at its deadline, and the image's pixels stay
+    # reserved until the thread really ends.
+    release, started = threading.Event(), threading.Event()
+    original = inference._decode_and_preprocess
+
+    def stuck(*args):
+        started.set()
+        release.wait(60)  # a decode that runs on past the deadline
+        return original(*args)
+
+    monkeypatch.setattr(inference, "_decode_and_preprocess", stuck)
+    async with running_app() as client:
+        budget = client.app.state.server.pixel_budget
+        response = await client.post(CLASSIFY, files={"image": png(64, 64)}, params={"timeout": 0.2})
+        held_while_running = budget.held
+        release.set()
+        for _ in range(6000):  # a bound on waiting for the thread, never a measured figure
+            if budget.held == 0:
+                break
+            await asyncio.sleep(0.01)
+        held_after = budget.held
+    assert started.is_set() and response.status_code == 504, response.text
+    assert "deadline passed while this image was being decoded" in response.json()["detail"]
+    assert held_while_running == 64 * 64 and held_after == 0
