@@ -1,4 +1,4 @@
-"""Pre-scanning JPEG and PNG files, in bytes, before Pillow opens them: structure bombs refused.
+"""Pre-scanning JPEG, PNG and GIF files, in bytes, before Pillow opens them: structure bombs refused.
 
 Pillow parses a JPEG's header segments and a PNG's chunks in pure Python, one Python object (or
 several) per segment, chunk or fill byte, and libjpeg decodes each progressive scan over the
@@ -9,14 +9,16 @@ whole image. A small file can therefore cost seconds of CPU and hundreds of MiB 
   marker): 11.5 s;
 * a flat 6000x6000 progressive JPEG whose last refinement scan is repeated 500 times (170 KB):
   about 10 s in libjpeg, a cost of scans x pixels;
-* a PNG with 1.7 million empty private chunks: 5.5 s, +225 MiB.
+* a PNG with 1.7 million empty private chunks: 5.5 s, +225 MiB;
+* a GIF with 5 million one-byte comment sub-blocks before its image (10 MB): 3.2 s.
 
 :func:`prescan` walks the same structure at C speed (``bytes.find``, ``re`` and
 ``struct.unpack_from`` on the buffer; no copy, one small object per marker or chunk) and stops
 at the first limit exceeded, so the walk itself is bounded by the limits, not by the file. A
 file that breaks the structure in a way these limits do not cover is left to Pillow, which
 reports it as truncated or corrupt. Other formats pass through: their parsers are C (libwebp,
-libtiff's strips, libavif) or bounded by the pixel limit.
+libavif, BMP) or bounded by their format (a TIFF IFD or an ICO directory holds at most 65,535
+entries).
 
 The limits (:class:`PrescanLimits`) are far above what real cameras and encoders write: libjpeg
 and libjpeg-turbo write 10 scans for a colour progressive JPEG (6 for grey), mozjpeg's searched
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from service.errors import PayloadTooLarge
 
 JPEG_SOI = b"\xff\xd8"
+GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 # T.81 Table B.1: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC); progressive: 2, 6, 10, 14.
@@ -62,6 +65,8 @@ class PrescanLimits:
         max_jpeg_fill_bytes: bytes between a JPEG's segments that are not part of a marker
             (0xFF fill, T.81 B.1.1.2, and junk Pillow skips one byte at a time).
         max_png_chunks: chunks of a PNG, IDAT included.
+        max_gif_blocks: extension blocks and their data sub-blocks before a GIF's first image
+            (a 2 MB ICC profile in 255-byte sub-blocks is 8,000).
         max_metadata_bytes: bytes of metadata (JPEG APPn and COM segments; PNG chunks other than
             IDAT and fdAT; an ICC profile or text after decompression), per image.
     """
@@ -71,6 +76,7 @@ class PrescanLimits:
     max_jpeg_segments: int = 1024
     max_jpeg_fill_bytes: int = 65536
     max_png_chunks: int = 10_000
+    max_gif_blocks: int = 20_000
     max_metadata_bytes: int = 16 * 1024 * 1024
 
 
@@ -225,8 +231,44 @@ def scan_png(data: bytes, limits: PrescanLimits) -> None:
         pos += 12 + length
 
 
+def scan_gif(data: bytes, limits: PrescanLimits) -> None:
+    """Walk a GIF's blocks up to its first image (GIF89a spec, sections 15-24) and refuse a parser bomb.
+
+    Pillow reads the extension blocks before the first image, and each of their data
+    sub-blocks, in Python (5 million one-byte comment sub-blocks, 10 MB: 3.2 s); the image's own
+    LZW sub-blocks are read by its C decoder. Stops at the first image descriptor, the trailer,
+    anything else (corrupt: Pillow says so), or the first limit exceeded.
+
+    Raises:
+        PayloadTooLarge: more blocks than ``limits.max_gif_blocks``, or more extension data than
+            ``limits.max_metadata_bytes`` (413).
+    """
+    n = len(data)
+    if n < 13:
+        return
+    flags = data[10]  # the logical screen descriptor's packed fields (section 18)
+    pos = 13 + (3 * (2 << (flags & 0x07)) if flags & 0x80 else 0)  # and the global colour table
+    blocks, metadata = 0, 0
+    while pos + 1 < n and data[pos] == 0x21:  # an extension: introducer, label, data sub-blocks
+        pos += 2
+        while pos < n:
+            size = data[pos]
+            pos += 1 + size
+            blocks += 1
+            metadata += size
+            if blocks > limits.max_gif_blocks:
+                raise PayloadTooLarge(
+                    f"the GIF image has more than {limits.max_gif_blocks} extension blocks before its first image "
+                    "(PATCHSERVE_MAX_GIF_BLOCKS): a parser bomb?"
+                )
+            if metadata > limits.max_metadata_bytes:
+                raise _metadata_too_large("GIF", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
+            if size == 0:  # the block terminator
+                break
+
+
 def prescan(data: bytes, limits: PrescanLimits) -> None:
-    """Refuse a JPEG or PNG whose structure would cost Pillow far more than its size suggests.
+    """Refuse a JPEG, PNG or GIF whose structure would cost Pillow far more than its size suggests.
 
     Any other data passes unchecked (Pillow identifies it).
 
@@ -237,3 +279,5 @@ def prescan(data: bytes, limits: PrescanLimits) -> None:
         scan_jpeg(data, limits)
     elif data.startswith(PNG_SIGNATURE):
         scan_png(data, limits)
+    elif data.startswith(GIF_SIGNATURES):
+        scan_gif(data, limits)

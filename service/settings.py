@@ -76,6 +76,9 @@ class Settings(BaseSettings):
         65536, ge=0, description="0xFF fill and junk bytes between a JPEG's segments (413); encoders write none."
     )
     max_png_chunks: int = Field(10_000, ge=3, description="Chunks in a PNG, IDAT included (413).")
+    max_gif_blocks: int = Field(
+        20_000, ge=1, description="Extension blocks and sub-blocks before a GIF's first image (413)."
+    )
     max_image_metadata_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,

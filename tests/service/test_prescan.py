@@ -64,6 +64,19 @@ def png_chunk_bomb() -> bytes:
     return p[:ihdr_end] + _png_chunk(b"prIv", b"") * 1_700_000 + p[ihdr_end:]
 
 
+def _gif() -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (8, 8), 90).save(buffer, "GIF")
+    return buffer.getvalue()
+
+
+def gif_comment_bomb() -> bytes:
+    """5 million one-byte comment sub-blocks before the image (10 MB): 3.2 s in Pillow's GIF parser."""
+    g = _gif()
+    start = 13 + 3 * (2 << (g[10] & 7)) if g[10] & 0x80 else 13  # after the global colour table
+    return g[:start] + b"\x21\xfe" + b"\x01a" * 5_000_000 + b"\x00" + g[start:]
+
+
 def _segments(data: bytes) -> list[tuple[int, int, int]]:
     """(marker, start, end) of each segment of a JPEG from Pillow, SOS segments with their scan data."""
     pos, out = 2, []
@@ -107,6 +120,7 @@ def bombs() -> dict[str, bytes]:
         "app0": app0_bomb(),
         "fill": fill_bomb(),
         "png-chunks": png_chunk_bomb(),
+        "gif-blocks": gif_comment_bomb(),
         "scans": scan_bomb(side=64),  # 510 scans of a 64x64 image: over the scan cap
         "scan-pixels": scan_bomb(),  # the issue's: 510 scans of 36 MP, over the work budget at 28
         "scan-pixels-under-cap": scan_bomb(repeats=40),  # 50 scans of 36 MP: under the cap, over the budget
@@ -119,6 +133,7 @@ def bombs() -> dict[str, bytes]:
         ("app0", "more than 1024 marker segments"),
         ("fill", "more than 65536 fill or junk bytes"),
         ("png-chunks", "more than 10000 chunks"),
+        ("gif-blocks", "more than 20000 extension blocks"),
         ("scans", "more than 64 scans"),
         ("scan-pixels", "scan pixels"),
         ("scan-pixels-under-cap", "at least 28 scans of 36000000 pixels"),
@@ -143,7 +158,8 @@ def test_the_scan_bomb_is_what_the_issue_describes(bombs, monkeypatch) -> None:
 
 def _real_files() -> list[Path]:
     folders = [ROOT / "tests" / "images", ROOT / "examples", Path("/work/shared/images")]
-    return sorted(p for f in folders if f.exists() for p in f.rglob("*") if p.suffix.lower() in (".jpg", ".png"))
+    suffixes = (".jpg", ".png", ".gif")
+    return sorted(p for f in folders if f.exists() for p in f.rglob("*") if p.suffix.lower() in suffixes)
 
 
 def test_real_files_and_encoder_options_pass_the_prescan() -> None:
@@ -157,7 +173,12 @@ def test_real_files_and_encoder_options_pass_the_prescan() -> None:
         _jpeg((6000, 40), progressive=True, restart_marker_blocks=1),
         _jpeg((300, 200), exif=exif.tobytes(), icc_profile=b"\0" * 3_000_000, comment=b"x" * 60_000),
         _png((800, 600), icc_profile=b"\1" * 2_000_000),
+        _gif(),
     ]
+    animated = io.BytesIO()
+    frames = [Image.new("P", (32, 32), i) for i in range(30)]
+    frames[0].save(animated, "GIF", save_all=True, append_images=frames[1:], comment=b"c" * 5000, loop=0)
+    generated.append(animated.getvalue())
     for data in files + generated:
         prescan(data, LIMITS)
 
