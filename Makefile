@@ -4,6 +4,8 @@
 #   make models  retrain and re-export the committed models
 #   make bench   the side-by-side benchmark (bench/run.py); not part of make test. BENCH_ARGS=... passes options
 #   make profile where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
+#   make gpu-kit the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
+#   make bench-tracing  what OpenTelemetry tracing costs at c=16, off and on in interleaved rounds (bench/tracing.py)
 
 PYTHON ?= python3
 SERVE_VENV := .venv-serve
@@ -12,7 +14,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools
+.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -27,28 +29,41 @@ $(DEV_VENV)/.installed: pyproject.toml
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) --upgrade pip
 	# torch first, from the local CPU wheel: a bare `torch` requirement would pull a CUDA build.
 	$(DEV_VENV)/bin/pip install $(PIP_QUIET) torch==2.13.0
-	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,hf,dev,heic]'
+	$(DEV_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,train,hf,dev,heic,otel]'
+	touch $@
+
+# The tests' real servers also need the otel extra (the tracing test exports their spans); a plain
+# `make serve` leaves it out. Installing another ORT build removes this stamp, so it is redone.
+$(SERVE_VENV)/.installed-cpu-otel: $(SERVE_VENV)/.installed-cpu
+	$(SERVE_VENV)/bin/pip install $(PIP_QUIET) -e '.[cpu,otel]'
 	touch $@
 
 serve: $(SERVE_VENV)/.installed-$(ORT)
 	$(SERVE_VENV)/bin/python -m service
 
 # Tools the operation tests run: a real Prometheus server and promtool, both from Debian's
-# prometheus package (apt-get, as root; elsewhere install it yourself, or those tests skip —
-# under CI=true they fail instead). hadolint and kubernetes-validate come with the dev extra.
+# prometheus package, and headless Chromium with its chromedriver for the playground's browser
+# test (Debian's chromium and chromium-driver; Selenium uses that driver, never downloads one).
+# apt-get, as root; elsewhere install them yourself, or those tests skip — under CI=true they
+# fail instead. hadolint and kubernetes-validate come with the dev extra.
+TOOL_PACKAGES := prometheus:prometheus prometheus:promtool chromium:chromium chromium-driver:chromedriver
 tools:
-	@if ! command -v prometheus >/dev/null || ! command -v promtool >/dev/null; then \
+	@missing=""; for pair in $(TOOL_PACKAGES); do \
+	  command -v "$${pair#*:}" >/dev/null || missing="$$missing $${pair%%:*}"; \
+	done; \
+	missing=$$(echo $$missing | tr ' ' '\n' | sort -u | tr '\n' ' '); \
+	if [ -n "$${missing# }" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's prometheus package (prometheus, promtool)"; \
-	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; \
+	    echo "installing Debian's packages: $$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
 	  else \
-	    echo "prometheus/promtool missing: install Debian's prometheus package"; \
+	    echo "missing tools: install Debian's packages $$missing"; \
 	  fi; \
 	fi
 
 # The whole suite, every marker (slow and docker included). The docker tests need an engine
 # (.ci/run starts one); the compose files are checked with the docker CLI alone.
-test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu tools
+test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu-otel tools
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider
 
@@ -89,15 +104,26 @@ $(BENCH_MODEL)/model.onnx: | $(DEV_VENV)/.installed
 bench: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.run $(BENCH_ARGS)
 
+# On a quiet machine only: it voids rounds where other processes took CPU. TRACING_ARGS=... passes options.
+bench-tracing: $(DEV_VENV)/.installed-bench bench-tools
+	$(DEV_VENV)/bin/python -m bench.tracing $(TRACING_ARGS)
+
 profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.profile $(PROFILE_ARGS)
+
+# Downloads ~250 MiB from PyPI (onnxruntime-gpu is 244 MiB), checks every sha256 against
+# bench/gpu_kit/lock-cp312-gpu.txt, writes .gpu-kit/cp312-gpu/parts/NN/ and checks that the set
+# resolves offline for CPython 3.12. Re-lock after changing the serving dependencies:
+# `$(DEV_VENV)/bin/python -m bench.gpu_kit lock --target cp312-gpu` (and cp311-cpu, cp311-device).
+gpu-kit: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/python -m bench.gpu_kit build --target cp312-gpu
 
 lint: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/ruff format --check .
 
 clean:
-	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench
+	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench .gpu-kit
 
 # Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
 # nothing is downloaded) and print the parity each import measured: the README's figures.

@@ -13,6 +13,8 @@
 # bench/results/gpu-<date>-<host>-<device>.json. DETR-R50 is not exported by this script: write it
 # first with `.venv/bin/python -m export random detr-r50 --to bench/.work/model_repository/detr-r50-random/1`
 # (800x800, random weights) and pass the folder; detectors are posted to /detect.
+# On a GPU machine without a package registry (the one lent here), use the offline kit instead:
+# bench/gpu_kit/run.sh, docs/gpu.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

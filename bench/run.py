@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import platform
+import shutil
 import socket
 import sys
 from pathlib import Path
@@ -40,7 +41,7 @@ SIZES = tuple(images.SIZES)
 
 
 def machine() -> dict:
-    """The machine the run is on: CPU model, cores, memory, load, versions."""
+    """The machine the run is on: CPU model, cores, memory, load, versions (wrk's: None without it)."""
     cpu = next(
         (ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines() if "model name" in ln),
         platform.processor(),
@@ -71,7 +72,7 @@ def machine() -> dict:
         "kernel": platform.release(),
         "python": platform.python_version(),
         "load_average": os.getloadavg(),
-        "wrk": loadgen.wrk_version(),
+        "wrk": loadgen.wrk_version() if shutil.which("wrk") else None,  # the GPU machine has none
         "versions": versions,
     }
 

@@ -28,10 +28,7 @@ import logging
 import shutil
 from pathlib import Path
 
-from export import fp16
-from export.checkpoint import export_checkpoint
-from export.onnx_export import DEFAULT_OPSET
-from export.random_weights import export_random
+OPSET_HELP = "ONNX opset (default: export.onnx_export.DEFAULT_OPSET)"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -42,14 +39,14 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint = commands.add_parser("checkpoint", help="export a checkpoint written by models/")
     checkpoint.add_argument("checkpoint", type=Path)
     checkpoint.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
-    checkpoint.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    checkpoint.add_argument("--opset", type=int, help=OPSET_HELP)
     checkpoint.add_argument(
         "--no-attention", action="store_true", help="a ViT without its attention output (no ?render=png)"
     )
     hf = commands.add_parser("hf", help="import a Hugging Face transformers checkpoint folder (save_pretrained)")
     hf.add_argument("folder", type=Path, help="holds config.json, preprocessor_config.json and the weights")
     hf.add_argument("--to", type=Path, required=True, help="model_repository/<name>/<version>")
-    hf.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    hf.add_argument("--opset", type=int, help=OPSET_HELP)
     random = commands.add_parser(
         "random", help="export a named ViT config, or detr-r50, with random weights (benchmarks only)"
     )
@@ -57,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     random.add_argument("--to", type=Path, required=True, help="<repository>/<name>/<version>")
     random.add_argument("--num-classes", type=int, default=1000)
     random.add_argument("--seed", type=int, default=0)
-    random.add_argument("--opset", type=int, default=DEFAULT_OPSET)
+    random.add_argument("--opset", type=int, help=OPSET_HELP)
     half = commands.add_parser("fp16", help="a float16 copy of an exported model, top-1 agreement measured on CPU")
     half.add_argument("model", type=Path, help="<repository>/<name>/<version> to convert")
     half.add_argument("--to", type=Path, required=True, help="where to write the float16 model version")
@@ -66,8 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     half.add_argument("--digits-test", action="store_true", help="measure on the digits test split (360 images)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # torch only for the commands that export from PyTorch: fp16 runs where torch is not installed
+    if args.command != "fp16" and args.opset is None:
+        from export.onnx_export import DEFAULT_OPSET
+
+        args.opset = DEFAULT_OPSET
 
     if args.command == "checkpoint":
+        from export.checkpoint import export_checkpoint
+
         manifest = export_checkpoint(args.checkpoint, args.to, opset=args.opset, attention=not args.no_attention)
         for extra in ("metrics.json", "training_curves.png"):
             if (args.checkpoint.parent / extra).exists():
@@ -89,9 +93,13 @@ def main(argv: list[str] | None = None) -> None:
             f"parity max |ORT - transformers| by batch size {manifest.provenance.export.parity_max_abs_diff}"
         )
     elif args.command == "random":
+        from export.random_weights import export_random
+
         manifest = export_random(args.config, args.to, num_classes=args.num_classes, seed=args.seed, opset=args.opset)
         print(f"wrote {args.to}: {manifest.description}; parity {manifest.provenance.export.parity_max_abs_diff}")
     elif args.command == "fp16":
+        from export import fp16
+
         if args.digits_test:
             inputs, data = fp16.digits_test_inputs(args.model), "the scikit-learn digits test split"
         elif args.images:

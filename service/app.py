@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from service.admission import EXEMPT_PATHS, AdmissionMiddleware
-from service.api.routes import health, inference, metrics, models, v2
+from service.api import docs
+from service.api.routes import health, inference, metrics, models, playground, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
 from service.errors import RepositoryError, install_handlers
@@ -32,6 +33,7 @@ from service.repository import discover, load_repository
 from service.runtime import CudaOptions
 from service.settings import Settings, load_settings
 from service.state import ServerState
+from service.tracing import Tracer, TracingMiddleware, from_environment, install
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,13 @@ def decode_limits(settings: Settings) -> DecodeLimits:
     )
 
 
-def create_app(settings: Settings) -> FastAPI:
+def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     """Build the application for ``settings``.
+
+    Args:
+        settings: the validated settings.
+        tracer: OpenTelemetry tracing of requests and batches (:mod:`service.tracing`); None: off.
+            The app makes it the process's tracer while it runs and shuts it down at the end.
 
     Raises:
         RepositoryError: the model repository or a manifest is invalid.
@@ -118,6 +125,8 @@ def create_app(settings: Settings) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if tracer is not None:
+            install(tracer)
         loader = asyncio.create_task(_start_models(state))
         yield
         state.draining = True
@@ -126,6 +135,9 @@ def create_app(settings: Settings) -> FastAPI:
             for model in state.repository.all():
                 await model.batcher.stop()
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
+        if tracer is not None:
+            install(None)
+            await asyncio.to_thread(tracer.shutdown)  # flushes the spans still buffered
 
     app = FastAPI(
         title="patchserve",
@@ -133,7 +145,10 @@ def create_app(settings: Settings) -> FastAPI:
         description="Vision transformers (ViT classifiers, DETR detectors) on ONNX Runtime, with dynamic batching.",
         lifespan=lifespan,
         redirect_slashes=False,  # a POST to .../classify/ is a 404 problem, not a 307 curl will not follow
+        docs_url=None,  # install_docs serves /docs and /redoc from local assets instead of a CDN
+        redoc_url=None,
     )
+    docs.install_docs(app)
     app.state.server = state
     install_handlers(app)
     app.include_router(health.router)
@@ -141,18 +156,23 @@ def create_app(settings: Settings) -> FastAPI:
     app.include_router(inference.router)
     app.include_router(metrics.router)
     app.include_router(v2.router)
+    if settings.playground:
+        app.include_router(playground.router)
     app.add_middleware(
         AdmissionMiddleware,
         max_in_flight=settings.max_in_flight,
         body_timeout=settings.body_timeout,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
     )
-    add_security_middleware(app, settings)  # outside admission: a request without a key takes no slot
+    public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())
+    add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
     app.add_middleware(AccessLogMiddleware)
+    if tracer is not None:  # inside the request id (which it records), outside everything that may refuse
+        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=EXEMPT_PATHS | v2.PROBE_PATHS)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
     return app
 
 
 def build_app() -> FastAPI:
-    """Factory for ``uvicorn --factory``: settings from the environment."""
-    return create_app(load_settings())
+    """Factory for ``uvicorn --factory``: settings (and ``OTEL_*`` tracing) from the environment."""
+    return create_app(load_settings(), tracer=from_environment(os.environ))

@@ -114,16 +114,20 @@ def _declare_bearer(app: FastAPI, public_paths: frozenset[str]) -> None:
     app.openapi = openapi  # type: ignore[method-assign]
 
 
-def add_security_middleware(app: FastAPI, settings: Settings) -> None:
+def add_security_middleware(app: FastAPI, settings: Settings, public_paths: Iterable[str] = ()) -> None:
     """Install API-key checking (when keys are set) and CORS (when origins are set) on ``app``.
+
+    ``public_paths`` are served without a key besides ``settings.auth_public_paths`` (the
+    playground's static files, which a browser fetches without a Bearer header).
 
     Call it before adding the request-id middleware, which must stay outermost so that a 401
     carries the request id. CORS wraps the key check, so preflights (which carry no key) are
     answered and a 401 still carries the CORS headers a browser needs to read it.
     """
     if settings.api_keys:
-        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, public_paths=settings.auth_public_paths)
-        _declare_bearer(app, frozenset(settings.auth_public_paths))
+        public = frozenset([*settings.auth_public_paths, *public_paths])
+        app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, public_paths=public)
+        _declare_bearer(app, public)
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,

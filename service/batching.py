@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service import metrics
+from service import metrics, tracing
 from service.batch_arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
 from service.clock import Clock, MonotonicClock, Timer
 from service.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
@@ -112,6 +112,7 @@ class _Request:
     deadline: float
     queued: bool = True  # holds a place in the queue: not yet taken into a batch, expired or cancelled
     timer: Timer | None = None
+    trace: tracing.Ticket | None = None  # its request's trace context (tracing on)
 
     @property
     def shape(self) -> tuple[tuple[int, ...], str]:
@@ -149,6 +150,7 @@ class Batcher:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
+        self._model_version = (model, version)
         self._queue_depth = metrics.QUEUE_DEPTH.labels(model, version)
         self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
         self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
@@ -236,7 +238,7 @@ class Batcher:
             raise DeadlineExceeded(f"model {self.name}: the request's deadline passed before it was queued")
         if self._queued >= self.config.queue_size:
             raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size} waiting); retry shortly")
-        request = _Request(x, asyncio.get_running_loop().create_future(), now, deadline)
+        request = _Request(x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued())
         request.timer = self.clock.call_at(deadline, functools.partial(self._expire, request))
         self._queue.append(request)
         self._queued += 1
@@ -263,7 +265,7 @@ class Batcher:
                     continue
                 self._record_release(batch, reason)
                 runner = self._idle_runners.pop()
-                task = asyncio.create_task(self._run_batch(runner, batch), name=f"batch-{self.name}-{runner}")
+                task = asyncio.create_task(self._run_batch(runner, batch, reason), name=f"batch-{self.name}-{runner}")
                 self._in_flight[task] = batch
                 task.add_done_callback(functools.partial(self._batch_done, runner))
         except asyncio.CancelledError:
@@ -275,9 +277,10 @@ class Batcher:
         finally:
             self._answer_everyone_left(stopped_by)
 
-    async def _run_batch(self, runner: int, batch: list[_Request]) -> None:
-        """Stack -> run -> check/split -> answer, for one batch on one runner."""
+    async def _run_batch(self, runner: int, batch: list[_Request], reason: str) -> None:
+        """Stack -> run -> check/split -> answer, for one batch on one runner (released for ``reason``)."""
         started = self.clock.now()
+        trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
         try:
             first = batch[0].x
             buffer = self._buffers[runner].get(first.shape, first.dtype, len(batch))
@@ -286,8 +289,10 @@ class Batcher:
             outputs = await asyncio.get_running_loop().run_in_executor(self._executors[runner], run, inputs)
             rows = split_outputs(detach(outputs, buffer), len(batch))
         except Exception as exc:  # this batch fails alone; the loop goes on
+            tracing.batch_ended(trace, exc)
             self._fail(batch, exc)
         else:
+            tracing.batch_ended(trace)
             self._answer(batch, rows, started, self.clock.now() - started)
 
     def _batch_done(self, runner: int, task: asyncio.Task[None]) -> None:

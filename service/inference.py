@@ -8,6 +8,7 @@ requests' images.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -18,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from service import metrics
+from service import metrics, tracing
 from service.batching import InferenceResult
 from service.errors import (
     BadRequest,
@@ -177,6 +178,14 @@ async def _probe_one(
         except Exception as exc:
             work.error = _our_fault(model, work.index, exc)
         work.seconds += time.perf_counter() - started
+    if work.error is not None:
+        _trace_failed_decode(work.error)
+
+
+def _trace_failed_decode(error: ProblemError) -> None:
+    """The ``decode`` span of an image refused from its header: failed, as if its decode had failed."""
+    with contextlib.suppress(ProblemError), tracing.decoding():
+        raise error
 
 
 def _within_request_budget(works: list[_Work], max_request_pixels: int) -> None:
@@ -221,19 +230,20 @@ async def _decode(
     async with slots:
         started = time.perf_counter()
         try:
-            if budget is not None:
-                await budget.acquire(work.pixels, max(deadline - now(), 0.0))
-            try:
-                future = asyncio.get_running_loop().run_in_executor(
-                    pool, _decode_and_preprocess, model, work.data, max_pixels, limits.prescan, keep_image
-                )
-            except BaseException:
+            with tracing.decoding():
                 if budget is not None:
-                    budget.release(work.pixels)
-                raise
-            if budget is not None:
-                future.add_done_callback(lambda _: budget.release(work.pixels))
-            decoded, x = await _until(deadline, now, future, "decoded")
+                    await budget.acquire(work.pixels, max(deadline - now(), 0.0))
+                try:
+                    future = asyncio.get_running_loop().run_in_executor(
+                        pool, _decode_and_preprocess, model, work.data, max_pixels, limits.prescan, keep_image
+                    )
+                except BaseException:
+                    if budget is not None:
+                        budget.release(work.pixels)
+                    raise
+                if budget is not None:
+                    future.add_done_callback(lambda _: budget.release(work.pixels))
+                decoded, x = await _until(deadline, now, future, "decoded")
         except ProblemError as exc:
             return ImageOutcome(work.index, None, None, exc, work.seconds + time.perf_counter() - started), None
         except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)

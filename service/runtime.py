@@ -9,10 +9,15 @@ is off unless asked for: on a CPU shared with decoding threads a spinning pool t
 the decoders need. IO binding (``io_binding=True``) binds the batch and the outputs to device
 memory explicitly, ORT's documented way to control copies on a GPU; it also runs, and is
 tested, on the CPU provider.
+
+onnxruntime-gpu installed from PyPI finds the CUDA and cuDNN libraries of the ``nvidia-*``
+wheels (what torch ships with) only when they are loaded first: ``onnxruntime.preload_dlls()``
+does that (a no-op on the CPU package), once, before the first session that asks for CUDA.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +45,22 @@ class ProviderChoice:
     def primary(self) -> str:
         """The provider that runs the graph ("CUDAExecutionProvider" or "CPUExecutionProvider")."""
         return self.in_use[0] if self.in_use else "none"
+
+
+@functools.cache
+def preload_cuda_libraries() -> None:
+    """Load the CUDA and cuDNN libraries of the installed ``nvidia-*`` wheels, once (onnxruntime >= 1.21).
+
+    Without it, a server that never imports torch gets no CUDA provider from a pip-installed
+    onnxruntime-gpu on a machine whose CUDA libraries come as wheels. Failures are logged, not
+    raised: the session then reports the provider it really got.
+    """
+    if not hasattr(ort, "preload_dlls"):
+        return
+    try:
+        ort.preload_dlls()
+    except OSError as exc:
+        log.warning("onnxruntime.preload_dlls() failed: %s", exc)
 
 
 def requested_providers(device: Literal["auto", "cuda", "cpu"]) -> list[str]:
@@ -122,6 +143,8 @@ class OrtRunner:
         options.add_session_config_entry("session.inter_op.allow_spinning", "1" if intra_op_spinning else "0")
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         requested = requested_providers(device)
+        if CUDA in requested:
+            preload_cuda_libraries()
         self.cuda = cuda or CudaOptions()
         self.session = ort.InferenceSession(
             str(path), sess_options=options, providers=providers_with_options(requested, self.cuda)

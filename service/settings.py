@@ -115,6 +115,9 @@ class Settings(BaseSettings):
         default_factory=list,
         description="Comma-separated origins browsers may call from ('*': any); empty: no CORS headers at all.",
     )
+    playground: bool = Field(
+        True, description="Serve the playground page at / (its files need no API key); false: no page."
+    )
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["text", "json"] = Field(
         "text", description="text: one human-readable line per record; json: one JSON object per line."

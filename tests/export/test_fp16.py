@@ -52,6 +52,14 @@ def test_the_server_runs_the_float16_copy_unchanged(half, digits_test_split) -> 
     assert np.abs(got - expected).max() < 0.05  # float16 rounding, no more
 
 
+def test_the_float16_copy_runs_through_an_io_binding_on_the_cpu_provider(half, digits_test_split) -> None:
+    x = fp16.preprocess_all(half, [png_bytes(p) for p in digits_test_split.images[:9]])  # (9, 1, 8, 8)
+    bound = OrtRunner(half / "model.onnx", device="cpu", io_binding=True)
+    got = bound.run(x)["logits"]
+    assert bound.device_type == "cpu" and got.dtype == np.float32 and got.shape == (9, 10)
+    np.testing.assert_array_equal(got, OrtRunner(half / "model.onnx", device="cpu").run(x)["logits"])
+
+
 def _first_pixels_as_logits(path, start: int) -> None:
     """A graph (B, 1, 8, 8) -> logits (B, 10): pixels start .. start + 9 of each flattened image."""
     import onnx

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import httpx
 import numpy as np
 import pytest
 
@@ -97,3 +98,43 @@ async def test_several_instances_serve_one_model_and_are_reported(digits_test_sp
     in_process = evaluate.predict(GRAPH, load_manifest(GRAPH.with_name("model.json")).preprocessing, images)
     assert [a["predictions"][0]["class_id"] for a in answers] == in_process.tolist()
     assert np.mean(in_process == labels) >= 0.9
+
+
+def test_device_cuda_without_the_cuda_provider_is_reported_not_assumed(monkeypatch) -> None:
+    from service import runtime
+
+    preloaded = []
+    monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: preloaded.append(True), raising=False)
+    runtime.preload_cuda_libraries.cache_clear()
+    cuda = CudaOptions(cudnn_conv_algo_search="HEURISTIC", gpu_mem_limit=2**30)
+    runner = OrtRunner(GRAPH, device="cuda", io_binding=True, cuda=cuda)  # the CPU package: CUDA cannot load
+    assert preloaded == [True]  # the nvidia-* libraries are loaded before the session asks for CUDA
+    assert runner.providers.requested == [CUDA, CPU] and runner.providers.in_use == [CPU]
+    assert not runner.providers.ok and "device=cuda" in runner.providers.reason
+    assert "onnxruntime-gpu installed?" in runner.providers.reason
+    assert runner.device_type == "cpu"  # the IO binding then binds on the CPU, and still runs
+    x = digits_batch(5)
+    np.testing.assert_array_equal(runner.run(x)["logits"], OrtRunner(GRAPH, device="cpu").run(x)["logits"])
+    OrtRunner(GRAPH, device="cpu")
+    assert preloaded == [True]  # once per process, and never for the CPU alone
+
+
+@pytest.mark.anyio
+async def test_device_cuda_keeps_readyz_at_503_saying_why_when_only_the_cpu_provider_loads() -> None:
+    from service.app import create_app
+    from tests.conftest import make_settings
+
+    app = create_app(make_settings(device="cuda"))
+    async with app.router.lifespan_context(app):
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            for _ in range(500):  # until the models are loaded (not ready either way)
+                if getattr(app.state.server, "repository", None) is not None:
+                    break
+                await asyncio.sleep(0.01)
+            ready = await client.get("/readyz")
+            assert ready.status_code == 503 and ready.headers["content-type"] == "application/problem+json"
+            assert "device=cuda but the session got ['CPUExecutionProvider']" in ready.json()["detail"]
+            assert (await client.get("/healthz")).status_code == 200  # alive, only not ready
+            model = app.state.server.repository.get("vit-digits")
+            assert model.runner.providers.primary == CPU and not model.warmed_up

@@ -241,7 +241,7 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         bomb = gzip.compress(b" " * (1024 * 1024))
         assert_error(await post(INFER, content=bomb, headers={"Content-Encoding": "gzip"}), 413)
         assert_error(await post(INFER, content=b"\0" * (65 * 1024)), 413)
-        assert_error(await client.get("/v2/models/vit-digits/infer"), 404, "no such endpoint")
+        assert_error(await client.get("/v2/models/vit-digits/infer"), 405, "use POST")
         assert_error(await client.get("/v2/models/nope/ready"), 404)
         assert_error(await client.get("/v2/models/nope/config"), 404)
         assert_error(await client.get("/v2/repository/index"), 404)
