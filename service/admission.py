@@ -1,6 +1,6 @@
 """Admission: what a worker lets in, before any body is read or any image decoded (DESIGN.md, "Receive").
 
-Two limits, both answered as problem+json:
+Two limits, both answered as problem+json (on /v2 as the protocol's ``{"error": ...}``):
 
 * **Requests in flight.** Each worker holds at most ``max_in_flight`` requests at once; one more
   is refused at once with 503 and ``Retry-After``, before a byte of its body is read, so a burst
@@ -26,7 +26,7 @@ from urllib.parse import parse_qs
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service import metrics
-from service.errors import BodyTimeout, ModelNotFound, Unavailable, problem_response
+from service.errors import BodyTimeout, ModelNotFound, Unavailable, error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # /v1/models/{name}/classify|detect and the Open Inference Protocol's /v2/models/{name}[/versions/{v}]/infer
@@ -107,7 +107,7 @@ class AdmissionMiddleware:
             f"retry after {self.retry_after} s",
             retry_after=self.retry_after,
         )
-        await problem_response(error, state.get("request_id"))(scope, receive, send)
+        await error_response_for(scope["path"], error, state.get("request_id"))(scope, receive, send)
 
     def _with_deadline(self, receive: Receive) -> Receive:
         """``receive`` that raises :class:`BodyTimeout` once the body is late; unbounded after it."""

@@ -24,10 +24,13 @@ from service.auth import add_security_middleware
 from service.batching import BatchingConfig
 from service.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.errors import RepositoryError, install_handlers
+from service.inference import DecodeLimits
 from service.logs import AccessLogMiddleware
 from service.manifest import ManifestError, load_manifest
 from service.metrics import AUTOTUNE_THROUGHPUT, MODEL_INFO, MODEL_SETTING
 from service.middleware import RequestIdMiddleware
+from service.pixel_budget import PixelBudget
+from service.prescan import PrescanLimits
 from service.repository import ModelRepository, ModelVersion, discover, load_repository
 from service.runtime import CUDA, CudaOptions, requested_providers
 from service.settings import Settings, load_settings
@@ -137,6 +140,22 @@ async def _start_models(state: ServerState) -> None:
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
 
 
+def decode_limits(settings: Settings) -> DecodeLimits:
+    """The pre-scan's and one request's decoding limits, from ``settings``."""
+    return DecodeLimits(
+        prescan=PrescanLimits(
+            max_jpeg_scans=settings.max_jpeg_scans,
+            max_jpeg_scan_pixels=settings.max_jpeg_scan_pixels,
+            max_jpeg_segments=settings.max_jpeg_segments,
+            max_jpeg_fill_bytes=settings.max_jpeg_fill_bytes,
+            max_png_chunks=settings.max_png_chunks,
+            max_gif_blocks=settings.max_gif_blocks,
+            max_metadata_bytes=settings.max_image_metadata_bytes,
+        ),
+        max_request_pixels=settings.max_request_pixels,
+    )
+
+
 def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     """Build the application for ``settings``.
 
@@ -156,6 +175,8 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
         decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
         threads=threads,
+        decode_limits=decode_limits(settings),
+        pixel_budget=PixelBudget(settings.max_decoding_pixels),
     )
     log.info("threads: %s", threads.reason)
 

@@ -2,7 +2,8 @@
 
 API keys are bearer tokens (RFC 6750, section 2.1: ``Authorization: Bearer <key>``), set with
 ``PATCHSERVE_API_KEYS``; without keys the server is open, as Triton and TorchServe are by
-default. A missing or wrong key is a 401 problem with ``WWW-Authenticate: Bearer``, answered
+default. A missing or wrong key is a 401 (a problem; on /v2 the protocol's ``{"error": ...}``, which
+tritonclient reads) with ``WWW-Authenticate: Bearer``, answered
 before the route runs and before the body is read. Keys are compared in constant time: each
 side is hashed with SHA-256 and the digests compared with :func:`hmac.compare_digest` against
 every configured key, so neither a key's content nor its length shows in the timing.
@@ -31,7 +32,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.api.openapi import problem_responses
-from service.errors import Unauthorized, problem_response
+from service.errors import Unauthorized, error_response_for
 from service.settings import Settings
 
 SECURITY_SCHEME = "apiKey"
@@ -86,7 +87,7 @@ class ApiKeyMiddleware:
         if problem is None:
             await self.app(scope, receive, send)
             return
-        response = problem_response(problem, scope.get("state", {}).get("request_id"))
+        response = error_response_for(scope["path"], problem, scope.get("state", {}).get("request_id"))
         await response(scope, receive, send)
 
 

@@ -100,6 +100,16 @@ class InferenceFailed(ProblemError):
     status, title, slug = 500, "Inference failed", "inference-failed"
 
 
+class ImageProcessingFailed(ProblemError):
+    """500 for one image whose decoding or preprocessing raised what no input should make it raise.
+
+    A bug of ours, reported in that image's own ``results`` entry: its batch mates and the rest
+    of the request are answered as usual.
+    """
+
+    status, title, slug = 500, "Image processing failed", "image-processing-failed"
+
+
 class Unavailable(ProblemError):
     """503 with ``Retry-After``: queue full, not ready, or draining."""
 
@@ -123,6 +133,30 @@ def problem_response(error: ProblemError, instance: str | None = None) -> JSONRe
     return JSONResponse(
         error.to_problem(instance), status_code=error.status, headers=error.headers, media_type=PROBLEM_MEDIA_TYPE
     )
+
+
+PROTOCOL_PREFIX = "/v2"  # the Open Inference Protocol's routes answer errors as {"error": "..."}
+
+
+def is_protocol_path(path: str) -> bool:
+    """True for ``/v2`` and the paths under it, whose errors are the protocol's ``{"error": ...}``."""
+    return path == PROTOCOL_PREFIX or path.startswith(PROTOCOL_PREFIX + "/")
+
+
+def protocol_error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    """The Open Inference Protocol's error: ``{"error": message}`` with ``status`` (what tritonclient reads)."""
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def error_response_for(path: str, error: ProblemError, instance: str | None = None) -> JSONResponse:
+    """``error`` in the format of the API ``path`` belongs to: ``{"error"}`` on /v2, else problem+json.
+
+    Middleware that answers before any route runs (API keys, admission) uses it, so a 401 or a
+    503 on a /v2 path reads as the protocol says, as every error of its routes does.
+    """
+    if is_protocol_path(path):
+        return protocol_error_response(error.status, error.detail, error.headers)
+    return problem_response(error, instance)
 
 
 def _validation_detail(exc: RequestValidationError) -> str:
@@ -158,21 +192,22 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(ProblemError)
     async def _problem(request: Request, exc: ProblemError) -> JSONResponse:
-        return problem_response(exc, request_id(request))
+        return error_response_for(request.url.path, exc, request_id(request))
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         _count_refused_inference(request)
-        return problem_response(InvalidParameter(_validation_detail(exc)), request_id(request))
+        return error_response_for(request.url.path, InvalidParameter(_validation_detail(exc)), request_id(request))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error = ProblemError(str(exc.detail), headers=dict(exc.headers or {}))
         error.status, error.slug = exc.status_code, f"http-{exc.status_code}"
         error.title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
-        return problem_response(error, request_id(request))
+        return error_response_for(request.url.path, error, request_id(request))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error", extra={"request_id": request_id(request)})
-        return problem_response(ProblemError("an unexpected server error; see the server log"), request_id(request))
+        error = ProblemError("an unexpected server error; see the server log")
+        return error_response_for(request.url.path, error, request_id(request))

@@ -2,7 +2,9 @@
 
 What a client sends is untrusted. :func:`decode_image` accepts only the formats in
 :data:`ACCEPTED_FORMATS` (Pillow's other plugins, EPS through Ghostscript among them, are
-never tried), checks the pixel count from the header before any pixel is decoded, and turns
+never tried), pre-scans a JPEG's segments and a PNG's chunks before Pillow parses them
+(:mod:`service.prescan`: scan, segment, chunk, fill-byte and metadata bombs), checks the pixel
+count from the header before any pixel is decoded, and turns
 every failure into a 4xx problem: 413 for an image too large, 415 for a truncated, corrupt or
 unaccepted file (naming the format and the fault), never an unexpected exception.
 
@@ -12,16 +14,31 @@ decodes). Turning the decoded image into model input is :mod:`service.preprocess
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import logging
+import math
 import re
 import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
+from PIL import Image, PngImagePlugin, UnidentifiedImageError
 
 from service.errors import BadRequest, InvalidImage, PayloadTooLarge
+from service.prescan import PrescanLimits, prescan
+
+try:
+    import webp  # libwebp's decode API through cffi (the webp package): scaled WebP decoding
+except ImportError:  # without it, Pillow decodes every WebP at full size
+    webp = None
+# libwebp's WebPDecoderOptions (src/webp/decode.h) is 14 ints and 5 uint32 of padding; the webp
+# package declares only use_threads, its 11th int. use_scaling, scaled_width and scaled_height
+# are the 8th to 10th: written by index, once the package's layout is the one decode.h gives.
+_SCALING = 7
+_WEBP_SCALES = webp is not None and (
+    webp.ffi.offsetof("WebPDecoderOptions", "use_threads") == 40 and webp.ffi.sizeof("WebPDecoderOptions") == 76
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +109,8 @@ _DISPLAY_TRANSPOSE = {
     8: Image.Transpose.ROTATE_90,
 }
 _TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}
+# Pillow's PNG plugin: a chunk inflating past MAX_TEXT_CHUNK, or text past MAX_TEXT_MEMORY.
+_PNG_METADATA_ERRORS = ("Decompressed data too large", "Too much memory used in text chunks")
 _HIGH_DEPTH_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I", "F"}
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 
@@ -103,16 +122,23 @@ class DecodedImage:
     Attributes:
         image: Pillow image in the requested colour mode, EXIF orientation applied. A JPEG may
             have been DCT-downscaled while decoding (draft mode), so ``image.size`` can be
-            smaller than (width, height).
+            smaller than (width, height). None once the request path has preprocessed it and
+            dropped it (only ``render=png`` keeps it: a full-size picture is large).
         width: displayed width of the full-resolution image, in pixels.
         height: displayed height of the full-resolution image, in pixels.
         format: Pillow's format name ("JPEG", "MPO", "PNG", "HEIF", ...).
+        size: (width, height) of ``image`` in pixels, as decoded (kept when the image is dropped).
     """
 
-    image: Image.Image
+    image: Image.Image | None
     width: int
     height: int
     format: str
+    size: tuple[int, int] = (0, 0)
+
+    def dropped(self) -> DecodedImage:
+        """The same record without the picture, so that its pixels can be freed."""
+        return dataclasses.replace(self, image=None)
 
 
 def sniff_format(data: bytes) -> str | None:
@@ -200,6 +226,52 @@ def _to_mode(image: Image.Image, color_mode: str, background: tuple[int, int, in
     return image.convert(color_mode) if image.mode != color_mode else image
 
 
+def _webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alpha: bool) -> Image.Image | None:
+    """A still WebP decoded by libwebp straight to about twice ``target`` (its built-in rescaler).
+
+    Pillow decodes a WebP through libwebp's animation API, which holds two full canvases and
+    hands Pillow a third copy: a 1.6 KB lossless 6300x6300 WebP took 608 MiB at peak. Decoding
+    with ``WebPDecode`` and ``options.use_scaling`` (libwebp's decode.h) writes only the scaled
+    rows, so the peak is the lossless decoder's own ARGB plane (4 bytes per pixel) or, for a
+    lossy file, a few macroblock rows. Like a JPEG's draft, the result is at least ``target``
+    in both sides (about twice it), never larger than the image; what the preprocessor then
+    resizes is this picture.
+
+    Args:
+        data: the WebP file.
+        size: (width, height) of the stored image, in pixels.
+        target: (width, height), in stored orientation, the preprocessor will resize to at least.
+        alpha: decode RGBA (the file has alpha) rather than RGB.
+
+    Returns:
+        An "RGB" or "RGBA" image, or None when scaling would not shrink it, or libwebp cannot
+        decode the file this way (then Pillow decodes it, and reports any fault).
+    """
+    if not _WEBP_SCALES:
+        return None
+    width, height = size
+    scale = min(1.0, 2 * max(target[0] / width, target[1] / height))
+    scaled = (max(1, min(width, math.ceil(width * scale))), max(1, min(height, math.ceil(height * scale))))
+    if scaled[0] * scaled[1] * 2 > width * height:
+        return None  # not worth a second path: Pillow decodes it
+    channels, mode = (4, webp.WebPColorMode.RGBA) if alpha else (3, webp.WebPColorMode.RGB)
+    pixels = np.empty((scaled[1], scaled[0], channels), dtype=np.uint8)  # (H, W, C)
+    config = webp.WebPDecoderConfig.new()
+    options = webp.ffi.cast("int *", webp.ffi.addressof(config.ptr, "options"))
+    options[_SCALING], options[_SCALING + 1], options[_SCALING + 2] = 1, *scaled
+    config.output.colorspace = mode.value
+    config.output.is_external_memory = 1
+    config.output.u.RGBA.rgba = webp.ffi.cast("uint8_t*", webp.ffi.from_buffer(pixels))
+    config.output.u.RGBA.size = pixels.size
+    config.output.u.RGBA.stride = scaled[0] * channels
+    source = webp.ffi.from_buffer(data)
+    status = webp.lib.WebPDecode(webp.ffi.cast("uint8_t*", source), len(data), config.ptr)
+    webp.lib.WebPFreeDecBuffer(webp.ffi.addressof(config.ptr, "output"))
+    if status != webp.lib.VP8_STATUS_OK:
+        return None
+    return Image.fromarray(pixels, "RGBA" if alpha else "RGB")
+
+
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:
     if width < 1 or height < 1:
         raise InvalidImage(f"the image has no pixels ({width}x{height})")
@@ -214,6 +286,7 @@ def decode_image(
     max_pixels: int,
     draft_size: tuple[int, int] | None = None,
     background: tuple[int, int, int] = (255, 255, 255),
+    limits: PrescanLimits | None = None,
 ) -> DecodedImage:
     """Decode an image file into the displayed orientation and ``color_mode``.
 
@@ -230,8 +303,13 @@ def decode_image(
         color_mode: Pillow mode the model wants, "L" or "RGB".
         max_pixels: largest width x height accepted, checked from the header before decoding.
         draft_size: (width, height) in displayed orientation the caller will resize to; a JPEG
-            is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big.
+            is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big,
+            and a still WebP by libwebp's rescaler to about twice that (:func:`_webp_scaled`).
         background: (R, G, B) 0-255 under transparent pixels.
+        limits: the structure and metadata limits of :func:`service.prescan.prescan`
+            (default :class:`PrescanLimits`' defaults). An ICC profile or text chunk up to
+            ``limits.max_metadata_bytes`` is read (the profile is not applied: pixels are taken
+            as sRGB, as the models were trained on them).
 
     Returns:
         The decoded image with its displayed full-resolution size.
@@ -240,10 +318,60 @@ def decode_image(
         BadRequest: empty data (400).
         InvalidImage: an unaccepted, unknown, corrupt or truncated file (415); the detail names
             the format and the fault.
-        PayloadTooLarge: more than ``max_pixels`` pixels, decompression bombs included (413).
+        PayloadTooLarge: more than ``max_pixels`` pixels, decompression bombs included, or
+            a structure or metadata bomb the pre-scan refuses (413).
     """
+    decoded = _decode(data, color_mode, max_pixels, draft_size, background, limits or PrescanLimits(), probe=False)
+    assert isinstance(decoded, DecodedImage)
+    return decoded
+
+
+def decoded_pixels(
+    data: bytes,
+    *,
+    color_mode: str,
+    max_pixels: int,
+    draft_size: tuple[int, int] | None = None,
+    limits: PrescanLimits | None = None,
+) -> int:
+    """How many pixels :func:`decode_image` will decode ``data`` to, read from its header alone.
+
+    The pre-scan and Pillow's header parse, no pixel decoded: what the worker's decoding budget
+    reserves before it decodes. A baseline JPEG counts its DCT-downscaled (draft) size; a
+    progressive one its full size, since libjpeg holds every coefficient of the whole image.
+
+    Args:
+        data, color_mode, max_pixels, draft_size, limits: as :func:`decode_image`.
+
+    Returns:
+        width x height, in pixels.
+
+    Raises:
+        BadRequest, InvalidImage, PayloadTooLarge: as :func:`decode_image`, for what the header
+            and pre-scan show.
+    """
+    pixels = _decode(data, color_mode, max_pixels, draft_size, (0, 0, 0), limits or PrescanLimits(), probe=True)
+    assert isinstance(pixels, int)
+    return pixels
+
+
+def _decode(
+    data: bytes,
+    color_mode: str,
+    max_pixels: int,
+    draft_size: tuple[int, int] | None,
+    background: tuple[int, int, int],
+    limits: PrescanLimits,
+    *,
+    probe: bool,
+) -> DecodedImage | int:
+    """:func:`decode_image` (``probe`` False) and :func:`decoded_pixels` (True), with one error mapping."""
     if not data:
         raise BadRequest("the image is empty (0 bytes)")
+    prescan(data, limits)  # before Pillow parses a byte of it
+    # Pillow's PNG plugin refuses an ICC profile or text chunk inflating past MAX_TEXT_CHUNK
+    # (1 MiB by default, so a valid 2 MB profile was "corrupt"): ours is the metadata limit.
+    PngImagePlugin.MAX_TEXT_CHUNK = PngImagePlugin.MAX_TEXT_MEMORY = limits.max_metadata_bytes
     # The backstop for Pillow's nested checks (see the top of this module): it raises above
     # 2 * MAX_IMAGE_PIXELS >= max_pixels. A process serves one limit, so this never flips.
     Image.MAX_IMAGE_PIXELS = (max_pixels + 1) // 2
@@ -261,13 +389,25 @@ def decode_image(
         if draft_size is not None and fmt in ("JPEG", "MPO"):
             stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
             image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
-        image.load()
-        if image.size[0] * image.size[1] > max_pixels:  # a plugin that learnt its size while loading
-            _check_pixels(*image.size, max_pixels)
-        if orientation != 1 and _orientation(image) == 1:
-            # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
-            # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
-            orientation, (width, height) = 1, image.size
+        if probe:
+            # A progressive JPEG holds every coefficient of the whole image; a WebP, libwebp's
+            # full-size plane even when it is scaled: both count in full.
+            full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and bool(image.info.get("progressive")))
+            return stored_w * stored_h if full else image.size[0] * image.size[1]
+        scaled = None
+        if draft_size is not None and fmt == "WEBP" and getattr(image, "n_frames", 1) == 1:
+            stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
+            scaled = _webp_scaled(data, image.size, stored_target, alpha=image.mode == "RGBA")
+        if scaled is not None:
+            image = scaled
+        else:
+            image.load()
+            if image.size[0] * image.size[1] > max_pixels:  # a plugin that learnt its size while loading
+                _check_pixels(*image.size, max_pixels)
+            if orientation != 1 and _orientation(image) == 1:
+                # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
+                # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
+                orientation, (width, height) = 1, image.size
         image = _to_mode(image, color_mode, background)
         if orientation in _DISPLAY_TRANSPOSE:
             image = image.transpose(_DISPLAY_TRANSPOSE[orientation])
@@ -279,6 +419,14 @@ def decode_image(
         raise PayloadTooLarge(
             f"the {name} image declares {pixels}; the limit is {max_pixels} (a decompression bomb?)"
         ) from None
+    except ValueError as exc:
+        if not str(exc).startswith(_PNG_METADATA_ERRORS):
+            log.debug("decoding failed", exc_info=True)
+            raise InvalidImage(f"the {name} image is corrupt (ValueError: {exc})") from None
+        raise PayloadTooLarge(
+            f"the {name} image's metadata (an ICC profile or text) inflates to more than {limits.max_metadata_bytes} "
+            "bytes, the limit (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
+        ) from None
     except MemoryError:
         raise PayloadTooLarge(f"decoding the {name} image needs more memory than this server has") from None
     except UnidentifiedImageError:
@@ -289,4 +437,4 @@ def decode_image(
     except Exception as exc:  # whatever a crafted file makes a decoder raise is still the file's fault
         log.debug("decoding failed", exc_info=True)
         raise InvalidImage(f"the {name} image is corrupt ({type(exc).__name__}: {exc})") from None
-    return DecodedImage(image=image, width=width, height=height, format=fmt)
+    return DecodedImage(image=image, width=width, height=height, format=fmt, size=image.size)

@@ -20,6 +20,7 @@ Request bodies compressed with ``Content-Encoding: gzip`` or ``deflate`` (what t
 from __future__ import annotations
 
 import math
+import re
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -66,6 +67,9 @@ ORT_DATATYPES = {
     "tensor(double)": "FP64",
     "tensor(string)": BYTES,
 }
+_DECIMAL = re.compile(r"[0-9]{1,19}")  # a length in ASCII digits, at most 19 (below int()'s digit limit)
+# numpy's own limit on dimensions (NPY_MAXDIMS in numpy 2); a tensor shape beyond it is a 400.
+MAX_DIMS = 64
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
@@ -159,12 +163,21 @@ def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:
     if header_length is None:
         return body, memoryview(b"")
-    if not header_length.strip().isdigit():
-        raise BadRequest(f"{HEADER_LENGTH} {header_length!r} is not a non-negative integer")
+    if not _DECIMAL.fullmatch(header_length.strip()):  # not isdigit(): "²" is a digit that int() refuses
+        shown = header_length if len(header_length) <= 40 else header_length[:40] + "..."
+        raise BadRequest(f"{HEADER_LENGTH} {shown!r} is not a non-negative integer")
     length = int(header_length)
     if length == 0 or length > len(body):
         raise BadRequest(f"{HEADER_LENGTH} is {length} but the body has {len(body)} bytes")
     return body[:length], memoryview(body)[length:]
+
+
+_MAX_TENSOR_BYTES = 2**40  # far above any body the server accepts, far below numpy's (2**63) overflow
+
+
+def _shown(shape: list[int]) -> str:
+    """A shape for a message, with any dimension of more than 20 digits elided."""
+    return "[" + ", ".join(str(d) if d < 10**20 else f"<{len(str(d))} digits>" for d in shape) + "]"
 
 
 def _require(condition: bool, message: str) -> None:
@@ -194,7 +207,15 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
         raise BadRequest(f"input {name!r}: BYTES inputs are not supported; the models here take numeric tensors")
     _require(datatype in DATATYPES, f"input {name!r}: unknown datatype {datatype!r}; one of {sorted(DATATYPES)}")
     dtype = DATATYPES[datatype]
+    _require(len(shape) <= MAX_DIMS, f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS}")
     count = math.prod(shape)
+    # A zero-element tensor may still declare huge dimensions ([0, 2**63]), which numpy cannot
+    # represent: bound what the non-zero dimensions multiply to, as if the tensor held data.
+    nonzero = math.prod(d for d in shape if d)
+    _require(
+        nonzero * dtype.itemsize <= _MAX_TENSOR_BYTES,
+        f"input {name!r}: shape {_shown(shape)} is larger than any tensor this server takes",
+    )
     parameters = _parameters(entry, f"input {name!r}")
     size = parameters.get("binary_data_size")
     if size is not None:

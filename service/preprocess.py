@@ -153,10 +153,18 @@ class Preprocessor:
             sx, sy = width / content_w, height / content_h
             left, top = (content_w - crop_w) // 2 * sx, (content_h - crop_h) // 2 * sy
             return (left, top, left + crop_w * sx, top + crop_h * sy)
-        scale = max(self.size[0] / width, self.size[1] / height)
-        crop_w, crop_h = self.size[0] / scale, self.size[1] / scale
+        # Which side fits is decided in integers (size.width / width >= size.height / height, cross-
+        # multiplied): that side is the whole image, exactly, and the other is the exact quotient
+        # of integers, correctly rounded, so it never exceeds the image. Computed as 32 / (32 / s),
+        # the region came out one ulp larger than s for sides such as 49, 98, 479, 1003 and its
+        # box started below 0, which Pillow refuses (Pillow#4087).
+        out_w, out_h = self.size
+        if out_w * height >= out_h * width:  # the width fits; the height is cropped
+            crop_w, crop_h = float(width), out_h * width / out_w
+        else:
+            crop_w, crop_h = out_w * height / out_h, float(height)
         left, top = (width - crop_w) / 2, (height - crop_h) / 2
-        return (left, top, left + crop_w, top + crop_h)
+        return (left, top, min(left + crop_w, float(width)), min(top + crop_h, float(height)))
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """Resize (pad, for ``letterbox``; crop, with ``crop_size`` or ``center_crop``) and normalise ``image``.

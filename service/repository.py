@@ -27,6 +27,10 @@ from service.tuning import Tuner, TuneResult
 log = logging.getLogger(__name__)
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
+# A version is a folder name of at most 9 digits (as /v1's ?version= pattern says): a longer
+# string is no version here, and is never given to int(), whose digit limit (CVE-2020-10735)
+# raises ValueError on 4,300 digits and more.
+VERSION_PATTERN = re.compile(r"[0-9]{1,9}")  # matched with fullmatch
 
 
 @dataclass
@@ -148,8 +152,9 @@ class ModelRepository:
             raise ModelNotFound(f"no model named {name!r}; GET /v1/models lists them")
         if version is None:
             return versions[max(versions)]
-        if not (version.isascii() and version.isdigit()) or int(version) not in versions:
-            raise ModelNotFound(f"model {name!r} has no version {version!r}; it has {sorted(versions)}")
+        if not VERSION_PATTERN.fullmatch(version) or int(version) not in versions:
+            shown = version if len(version) <= 40 else version[:40] + f"... ({len(version)} characters)"
+            raise ModelNotFound(f"model {name!r} has no version {shown!r}; it has {sorted(versions)}")
         return versions[int(version)]
 
     def all(self) -> list[ModelVersion]:
@@ -171,8 +176,8 @@ def discover(root: Path) -> list[tuple[str, int, Path]]:
         if not NAME_PATTERN.match(model_dir.name):
             raise RepositoryError(f"{model_dir}: not a valid model name (letters, digits, _ . -)")
         for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
-            if not (version_dir.name.isascii() and version_dir.name.isdigit()):
-                raise RepositoryError(f"{version_dir}: a version folder must be a number")
+            if not VERSION_PATTERN.fullmatch(version_dir.name):
+                raise RepositoryError(f"{version_dir}: a version folder must be a number of at most 9 digits")
             if (version_dir / "model.onnx").is_file():
                 found.append((model_dir.name, int(version_dir.name), version_dir))
     if not found:

@@ -40,6 +40,7 @@ from typing import Any
 import uvicorn
 from uvicorn.supervisors import multiprocess
 
+from service.connections import PROTOCOL
 from service.logs import log_config
 from service.settings import Settings
 
@@ -75,11 +76,13 @@ def prepare_multiprocess_dir() -> tuple[Path, bool]:
 
 
 class ServeConfig(uvicorn.Config):
-    """uvicorn's configuration plus ``drain_delay`` (seconds), which travels to spawned workers."""
+    """uvicorn's configuration plus ``drain_delay`` and ``send_timeout`` (seconds), which travel to
+    spawned workers (``send_timeout`` is read by :class:`service.connections.SendTimeoutProtocol`)."""
 
-    def __init__(self, app: str, *, drain_delay: float = 0.0, **kwargs: Any) -> None:
+    def __init__(self, app: str, *, drain_delay: float = 0.0, send_timeout: float | None = None, **kwargs: Any) -> None:
         super().__init__(app, **kwargs)
         self.drain_delay = drain_delay
+        self.send_timeout = send_timeout
 
 
 class DrainingServer(uvicorn.Server):
@@ -164,11 +167,12 @@ def uvicorn_config(settings: Settings) -> ServeConfig:
         log_level=settings.log_level,
         access_log=False,  # service.logs writes one structured line per request instead
         loop="uvloop",  # explicit, not "auto": both come with uvicorn[standard]; asyncio's loop and h11 are slower
-        http="httptools",
+        http=PROTOCOL,  # uvicorn's httptools protocol with a send timeout (service/connections.py)
         backlog=settings.backlog,
         timeout_keep_alive=settings.keep_alive_timeout,
         timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
         drain_delay=settings.drain_delay,
+        send_timeout=settings.send_timeout,
     )
 
 

@@ -58,6 +58,37 @@ class Settings(BaseSettings):
         40_000_000, ge=64, description="Largest image (width x height, from its header) decoded (413)."
     )
     max_images_per_request: int = Field(32, ge=1, description="Most images in one request (400).")
+    # Decoding budgets (service/pixel_budget.py): pixels as decoded (a JPEG after its DCT downscale).
+    max_decoding_pixels: int = Field(
+        48_000_000,
+        ge=64,
+        description="Decoded pixels one worker holds at once, all requests together; an image waits for room "
+        "until its deadline (504); one over it alone: 413. Bounds a worker's decoding memory.",
+    )
+    max_request_pixels: int = Field(
+        160_000_000,
+        ge=64,
+        description="Decoded pixels of one request's images together; the images past it get 413 entries. "
+        "Bounds one request's decoding CPU.",
+    )
+    # Structure limits of the JPEG and PNG pre-scan (service/prescan.py), checked before Pillow parses a byte.
+    max_jpeg_scans: int = Field(64, ge=1, description="Scans (SOS markers) in a JPEG (413); encoders write ~10.")
+    max_jpeg_scan_pixels: int = Field(
+        1_000_000_000, ge=1, description="Scans x width x height of a JPEG, the work of decoding it (413)."
+    )
+    max_jpeg_segments: int = Field(1024, ge=16, description="Marker segments in a JPEG (413); cameras write ~20.")
+    max_jpeg_fill_bytes: int = Field(
+        65536, ge=0, description="0xFF fill and junk bytes between a JPEG's segments (413); encoders write none."
+    )
+    max_png_chunks: int = Field(10_000, ge=3, description="Chunks in a PNG, IDAT included (413).")
+    max_gif_blocks: int = Field(
+        20_000, ge=1, description="Extension blocks and sub-blocks before a GIF's first image (413)."
+    )
+    max_image_metadata_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1024,
+        description="Metadata bytes of one image (ICC profile, EXIF, XMP, text; PNG's inflated) (413).",
+    )
     max_multipart_parts: int = Field(64, ge=1, description="Most parts, of any name, in one multipart body (400).")
 
     intra_op_threads: int = Field(
@@ -138,6 +169,12 @@ class Settings(BaseSettings):
     )
     keep_alive_timeout: int = Field(
         75, ge=1, description="Seconds an idle keep-alive connection stays open (above proxies' 60 s)."
+    )
+    send_timeout: float = Field(
+        30.0,
+        gt=0.0,
+        description="Seconds a response may sit unsent because the client does not read it; then the "
+        "connection is aborted and its buffer freed.",
     )
 
     @field_validator("api_keys", "auth_public_paths", "cors_allow_origins", mode="before")

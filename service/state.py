@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from service.cpus import ThreadPlan
+from service.inference import DecodeLimits
+from service.pixel_budget import PixelBudget
 from service.repository import ModelRepository
 from service.serve import shutdown_requested
 from service.settings import Settings
@@ -23,6 +25,8 @@ class ServerState:
             the process receives SIGTERM, see :mod:`service.serve`).
         startup_error: why loading failed, if it did.
         threads: the thread plan chosen from the usable cores (None: the settings' plain values).
+        decode_limits: the pre-scan's and one request's pixel limits (from the settings).
+        pixel_budget: the decoded pixels this worker holds at once (``max_decoding_pixels``).
     """
 
     settings: Settings
@@ -32,6 +36,8 @@ class ServerState:
     draining: bool = False
     startup_error: str = ""
     threads: ThreadPlan | None = None
+    decode_limits: DecodeLimits = field(default_factory=DecodeLimits)
+    pixel_budget: PixelBudget | None = None
 
     def not_ready_reasons(self) -> list[str]:
         """Why the server is not ready; empty when it is."""

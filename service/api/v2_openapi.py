@@ -1,16 +1,13 @@
 """OpenAPI declarations of the Open Inference Protocol routes: bodies, and every status they answer.
 
-The routes' own errors are the protocol's ``{"error": "..."}`` (``application/json``); the
-middleware in front of every route answers problem+json (401 without a valid API key, 503 when
-the worker is full), so those statuses declare both media types.
+Every error, the routes' own and those of the middleware in front of them (401 without a valid
+API key, 503 when the worker is full), is the protocol's ``{"error": "..."}`` (``application/json``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from service.api.openapi import PROBLEM_SCHEMA
-from service.errors import PROBLEM_MEDIA_TYPE
 from service.inference_protocol import BYTES, DATATYPES, HEADER_LENGTH
 
 ERROR_SCHEMA: dict[str, Any] = {
@@ -155,12 +152,12 @@ def v2_responses(ok_schema: dict[str, Any], *statuses: int, binary: bool = False
         200: {"description": "Success", "content": ok},
         401: {
             "description": _WHEN[401],
-            "content": {PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
             "headers": {"WWW-Authenticate": {"schema": {"type": "string"}, "description": "Bearer"}},
         },
         503: {
             "description": _WHEN[503],
-            "content": {"application/json": {"schema": ERROR_SCHEMA}, PROBLEM_MEDIA_TYPE: {"schema": PROBLEM_SCHEMA}},
+            "content": {"application/json": {"schema": ERROR_SCHEMA}},
             "headers": _RETRY_AFTER,
         },
     }

@@ -103,3 +103,70 @@ def test_the_slim_install_answers_heic_with_415_and_keeps_serving_after_hostile_
     assert statuses == [413, 415, 413, 413]
     assert traversal == b"HTTP/1.1 404 Not Found"
     assert alive.status_code == 200 and alive.json()["predictions"][0]["label"] == "7"
+
+
+def _flat(fmt: str, side: int = 6300) -> bytes:
+    """A flat ``side`` x ``side`` lossless file: a 1.6 KB WebP, a 120 KB PNG for 6300x6300 (39.7 MP)."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (side, side), (10, 20, 30)).save(buffer, fmt, lossless=True)
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize(("fmt", "request_pixels"), [("WEBP", None), ("WEBP", 32 * 40_000_000), ("PNG", None)])
+def test_32_webp_bombs_in_one_request_keep_peak_memory_bounded(fmt: str, request_pixels: int | None) -> None:
+    # Issue 15 F: four such WebPs raised peak RSS by 2.0 GiB; 32 must stay under ~400 MiB. With the
+    # default PATCHSERVE_MAX_REQUEST_PIXELS the images past 160 MP get 413 entries; with it raised to
+    # let all 32 through, libwebp's scaled decoding and the worker's decoding budget bound the peak.
+    # A PNG has no scaled decoding: the four the request decodes show the budget alone (one 40 MP
+    # image at a time). The deadline is far: this measures memory, and a loaded machine decodes slowly.
+    webp = _flat(fmt)
+    env = {"PATCHSERVE_REQUEST_TIMEOUT": "600"}
+    if request_pixels:
+        env["PATCHSERVE_MAX_REQUEST_PIXELS"] = str(request_pixels)
+    with server_process(env=env) as (url, process):
+        digit = (ROOT / "examples" / "digit-7.png").read_bytes()
+        assert httpx.post(url + CLASSIFY, files={"image": digit}).status_code == 200  # warm
+        before = peak_rss(process.pid)
+        response = httpx.post(url + CLASSIFY, files=[("image", webp)] * 32, timeout=600)
+        growth = peak_rss(process.pid) - before
+        alive = httpx.post(url + CLASSIFY, files={"image": digit})
+    statuses = [r.get("status", 200) for r in response.json()["results"]]
+    print(f"32 x {len(webp)}-byte 6300x6300 {fmt}s: peak RSS growth {growth / 2**20:.1f} MiB; statuses {statuses}")
+    assert response.status_code == 200 and alive.status_code == 200
+    decoded = (request_pixels or 160_000_000) // 40_000_000
+    assert statuses == [200] * decoded + [413] * (32 - decoded)
+    assert growth < 400 * 2**20
+
+
+def test_a_client_that_never_reads_its_responses_is_disconnected_after_the_send_timeout() -> None:
+    # Issue 15: uvicorn has no send timeout; unread responses stayed buffered for the connection's life.
+    import time
+
+    with server_process(env={"PATCHSERVE_SEND_TIMEOUT": "1"}) as (url, process):
+        port = int(url.rsplit(":", 1)[1])
+        size = len(httpx.get(url + "/openapi.json").content)
+        count = 20 * 2**20 // size + 1  # 20 MiB of responses: more than any socket buffers on the way
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(("127.0.0.1", port))
+        sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * count)  # pipelined, never read
+        deadline = time.monotonic() + 120  # a bound on waiting, never a measured figure
+        while "PATCHSERVE_SEND_TIMEOUT" not in process.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        log = process.log_path.read_text()
+        received, reset = 0, False
+        sock.settimeout(30)
+        try:
+            while chunk := sock.recv(1 << 16):
+                received += len(chunk)
+        except ConnectionResetError:
+            reset = True
+        sock.close()
+        alive = httpx.get(url + "/healthz")
+    assert "connection aborted" in log and "PATCHSERVE_SEND_TIMEOUT" in log
+    assert received < count * size and alive.status_code == 200  # cut off, and the server serves on
+    print(f"{count} pipelined responses of {size} bytes: {received} received before the abort (reset: {reset})")

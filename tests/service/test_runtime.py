@@ -67,11 +67,15 @@ def test_cuda_options_go_with_the_cuda_provider_only() -> None:
 
 
 def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
     from service import serve
     from tests.conftest import make_settings
 
-    config = serve.uvicorn_config(make_settings(backlog=4096))
-    assert (config.loop, config.http, config.backlog) == ("uvloop", "httptools", 4096)
+    config = serve.uvicorn_config(make_settings(backlog=4096, send_timeout=7.5))
+    assert (config.loop, config.http, config.backlog) == ("uvloop", "service.connections:SendTimeoutProtocol", 4096)
+    config.load()
+    assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
     assert serve.uvicorn_config(make_settings()).backlog == 2048
 
 

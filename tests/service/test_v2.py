@@ -109,7 +109,10 @@ async def test_model_metadata_ready_and_config() -> None:
         }
     )
     assert ready.status_code == 200 and ready.json()["ready"] is True
-    assert config["max_batch_size"] == 4 and config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
+    # max_batch_size: what one request may carry (max_images_per_request); the batcher's own choice
+    # (issue 15 G) is dynamic_batching's preferred_batch_size.
+    assert config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
     assert config["input"] == [
         {"name": "pixel_values", "data_type": "TYPE_FP32", "format": "FORMAT_NCHW", "dims": [1, 8, 8]}
     ]
@@ -217,7 +220,6 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, -8])), 400, "non-negative")
         assert_error(await post(INFER, json=with_input(shape=[2, 1, 8, 8])), 400, "64 elements")
         assert_error(await post(INFER, json=with_input(data=["a"] * 64)), 400, "FP32")
-        assert_error(await post(INFER, json=with_input(data=[1e39] + [0.5] * 63)), 400, "non-finite")  # inf in FP32
         assert_error(await post(INFER, json=with_input(data=[[1.0], [1.0, 2.0]])), 400)
         zeros = np.zeros((0, 1, 8, 8), np.float32)
         assert_error(await post(INFER, json=json_request(zeros)), 400, "batch size")
@@ -239,7 +241,7 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         bomb = gzip.compress(b" " * (1024 * 1024))
         assert_error(await post(INFER, content=bomb, headers={"Content-Encoding": "gzip"}), 413)
         assert_error(await post(INFER, content=b"\0" * (65 * 1024)), 413)
-        assert_error(await client.get("/v2/models/vit-digits/infer"), 404, "no such endpoint")
+        assert_error(await client.get("/v2/models/vit-digits/infer"), 405, "use POST")
         assert_error(await client.get("/v2/models/nope/ready"), 404)
         assert_error(await client.get("/v2/models/nope/config"), 404)
         assert_error(await client.get("/v2/repository/index"), 404)
@@ -308,3 +310,112 @@ async def test_a_batch_is_admitted_whole_or_refused_and_probes_need_no_key() -> 
         metadata = await client.get("/v2/models/vit-digits")
         with_key = await client.get("/v2/models/vit-digits", headers={"Authorization": "Bearer k-1"})
     assert probes == [200, 200] and metadata.status_code == 401 and with_key.status_code == 200
+
+
+async def test_a_huge_version_is_a_404_and_never_reaches_int() -> None:
+    # Issue 15 D: int() refuses 4,300 digits and more (CVE-2020-10735); a version has at most 9.
+    huge = "1" * 5000
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        for path in ("", "/ready", "/config"):
+            assert_error(await client.get(f"/v2/models/vit-digits/versions/{huge}{path}"), 404, "no version")
+        infer = await client.post(f"/v2/models/vit-digits/versions/{huge}/infer", json=json_request(x))
+        v1 = await client.post("/v1/models/vit-digits/classify", params={"version": huge}, files={"image": DIGIT_7})
+        ten_digits = await client.get("/v2/models/vit-digits/versions/0000000001")
+        nine_digits = await client.get("/v2/models/vit-digits/versions/000000001")
+    assert_error(infer, 404, "5000 characters")
+    assert v1.status_code == 422  # /v1's query pattern, as before
+    assert ten_digits.status_code == 404 and nine_digits.status_code == 200
+
+
+async def test_a_huge_version_is_a_503_when_admission_refuses_it() -> None:
+    from tests.service.test_admission import HeldRequest, until
+
+    huge = "1" * 5000
+    async with running_app(max_in_flight=1, body_timeout=5.0) as client:
+        held = HeldRequest(client.app, INFER)
+        await until(lambda: held.body_reads >= 1)
+        v1 = await client.post("/v1/models/vit-digits/classify", params={"version": huge}, files={"image": DIGIT_7})
+        v2 = await client.post(f"/v2/models/vit-digits/versions/{huge}/infer", json={})
+        held.release()
+        await asyncio.wait_for(held.task, 10)
+    assert v1.status_code == 503 and v1.headers["content-type"] == "application/problem+json"
+    assert_error(v2, 503, "PATCHSERVE_MAX_IN_FLIGHT")  # the protocol's error, which tritonclient reads
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_a_zero_element_tensor_with_huge_dimensions_is_a_400(binary: bool) -> None:
+    # Issue 15 E: numpy cannot represent shape [0, 2**63] ("Maximum allowed dimension exceeded").
+    shapes = ([0, 2**63 - 1], [0, 2**62, 2**62], [0, 1, 2**40, 8], [1] * 65)
+    async with running_app() as client:
+        for shape in shapes:
+            entry = {"name": "pixel_values", "shape": shape, "datatype": "FP32"}
+            if binary:
+                header = orjson.dumps({"inputs": [{**entry, "parameters": {"binary_data_size": 0}}]})
+                response = await client.post(
+                    INFER, content=header, headers={"Inference-Header-Content-Length": str(len(header))}
+                )
+            else:
+                response = await client.post(INFER, json={"inputs": [{**entry, "data": []}]})
+            assert_error(response, 400, "pixel_values")
+        long_header = await client.post(INFER, content=b"{}", headers={"Inference-Header-Content-Length": "9" * 5000})
+        superscript_two = {"Inference-Header-Content-Length": "\u00b2".encode("latin-1")}  # isdigit(), not int()
+        digit_header = await client.post(INFER, content=b"{}", headers=superscript_two)
+    assert_error(long_header, 400, "Inference-Header-Content-Length")
+    assert_error(digit_header, 400, "Inference-Header-Content-Length")
+
+
+async def test_non_finite_inputs_are_run_as_triton_runs_them_and_json_stays_valid() -> None:
+    # Issue 15 G: perf_analyzer's default data is random bytes (NaN, inf in FP32); Triton runs them.
+    x = digit_tensor(DIGIT_7, DIGIT_7)
+    x[0, 0, 0, 0], x[0, 0, 0, 1] = np.nan, np.inf
+    async with running_app() as client:
+        body, headers = binary_request(x, {"parameters": {"binary_data_output": True}})
+        as_binary = await client.post(INFER, content=body, headers=headers)
+        clean = await client.post(INFER, json=json_request(x[1:]))
+    assert as_binary.status_code == 200, as_binary.text
+    logits = read_binary_response(as_binary)["logits"]
+    assert np.isnan(logits[0]).all()  # NaN spreads through the row's attention...
+    expected = np.asarray(clean.json()["outputs"][0]["data"], np.float32)
+    np.testing.assert_allclose(logits[1], expected, rtol=1e-5, atol=1e-5)  # ...and never to its batch mate
+    async with running_app() as client:
+        nan_json = await client.post(
+            INFER,
+            content=b'{"inputs": [{"name": "pixel_values", "shape": [1, 1, 8, 8], "datatype": "FP32", '
+            b'"data": [1e39' + b", 0.5" * 63 + b"]}]}",
+        )
+    assert nan_json.status_code == 200 and nan_json.headers["content-type"] == "application/json"
+    data = orjson.loads(nan_json.content)["outputs"][0]["data"]  # valid JSON: NaN is written as null
+    assert data == [None] * 10
+
+
+async def test_v2_405_404_401_are_protocol_errors_with_the_right_allow() -> None:
+    # Issue 15 G: tritonclient reads {"error": ...}; problem+json made it report "'error'".
+    async with running_app(api_keys=["k-1"]) as client:
+        unauthorized = await client.get("/v2/models/vit-digits")
+        key = {"Authorization": "Bearer k-1"}
+        options = await client.options("/v2/health/live", headers=key)
+        put = await client.put("/v2/health/live", headers=key)
+        post_meta = await client.post("/v2", headers=key)
+        get_infer = await client.get(INFER, headers=key)
+        nowhere = await client.put("/v2/nowhere", headers=key)
+        v1_put = await client.put("/v1/models", headers=key)
+    assert_error(unauthorized, 401, "API key")
+    assert unauthorized.headers["www-authenticate"] == "Bearer"
+    for response, allow in ((options, "GET, HEAD"), (put, "GET, HEAD"), (post_meta, "GET"), (get_infer, "POST")):
+        assert_error(response, 405, "not allowed")
+        assert response.headers["allow"] == allow
+    assert_error(nowhere, 404, "no such endpoint")
+    assert v1_put.status_code == 405 and v1_put.headers["content-type"] == "application/problem+json"
+
+
+async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> None:
+    x = digit_tensor(*[DIGIT_7] * 5)
+    async with running_app(instances=2, max_batch_size=2, max_images_per_request=5) as client:
+        config = (await client.get("/v2/models/vit-digits/config")).json()
+        five = await client.post(INFER, json=json_request(x))
+        six = await client.post(INFER, json=json_request(np.concatenate([x, x[:1]])))
+    assert config["instance_group"][0]["count"] == 2
+    assert config["max_batch_size"] == 5 and config["dynamic_batching"]["preferred_batch_size"] == [2]
+    assert five.status_code == 200 and five.json()["outputs"][0]["shape"] == [5, 10]
+    assert_error(six, 400, "between 1 and 5")

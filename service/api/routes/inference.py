@@ -78,6 +78,9 @@ async def _serve(
                 max_pixels=settings.max_image_pixels,
                 deadline=deadline,
                 decode_parallelism=state.decode_parallelism,
+                limits=state.decode_limits,
+                budget=state.pixel_budget,
+                keep_images=encode is not None,  # render=png draws on the decoded picture
             ),
         )
         request.state.batch_sizes = [o.result.batch_size for o in outcomes if o.result is not None]
@@ -219,7 +222,7 @@ async def detect(
                 labels,
                 threshold=threshold,
                 max_detections=max_detections,
-                box_scale=preprocessor.box_scale(decoded.image.size, displayed),
+                box_scale=preprocessor.box_scale(decoded.size, displayed),
                 image_size=displayed,
             )
             return {"detections": detections}

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
 
 from service import metrics
 from service.api.deps import Repository, State, get_repository
@@ -163,20 +164,28 @@ async def model_version_ready(name: str, version: str, state: State) -> dict[str
     return _ready(state, name, version)
 
 
-def _config(model: ModelVersion) -> dict[str, Any]:
-    """Triton's model configuration (model_config.proto as JSON) for tritonclient's get_model_config."""
+def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
+    """Triton's model configuration (model_config.proto as JSON) for tritonclient's get_model_config.
+
+    ``max_batch_size`` is what one infer request may carry (``max_rows``, the batch size an infer
+    is accepted with; more is a 400), as in Triton, where it bounds a request's batch dimension.
+    The batcher's own largest batch, which it picks itself and may change while serving, is
+    ``dynamic_batching.preferred_batch_size``, read at each call. ``instance_group.count`` is
+    the sessions the batcher feeds.
+    """
 
     def data_type(datatype: str) -> str:
         return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
 
     batching = model.batcher.config
     spec = model.manifest.input
+    kind = "KIND_GPU" if model.runner.providers.primary == CUDA else "KIND_CPU"
     return {
         "name": model.name,
         "platform": PLATFORM,
         "backend": "onnxruntime",
         "version_policy": {"specific": {"versions": [str(model.version)]}},
-        "max_batch_size": batching.max_batch_size,
+        "max_batch_size": max_rows,
         "input": [
             {
                 "name": spec.name,
@@ -187,6 +196,7 @@ def _config(model: ModelVersion) -> dict[str, Any]:
         ],
         "output": [{"name": n, "data_type": data_type(t), "dims": s[1:]} for n, t, s in output_specs(model)],
         "dynamic_batching": {
+            "preferred_batch_size": [batching.max_batch_size],
             "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
             "default_queue_policy": {
                 "max_queue_size": batching.queue_size,
@@ -194,7 +204,7 @@ def _config(model: ModelVersion) -> dict[str, Any]:
                 "timeout_action": "REJECT",
             },
         },
-        "instance_group": [{"count": 1, "kind": "KIND_GPU" if model.runner.providers.primary == CUDA else "KIND_CPU"}],
+        "instance_group": [{"count": model.batcher.instances, "kind": kind}],
     }
 
 
@@ -203,8 +213,8 @@ def _config(model: ModelVersion) -> dict[str, Any]:
     summary="Triton model configuration (model_configuration extension)",
     responses=v2_responses(CONFIG_SCHEMA, 400, 404),
 )
-async def model_config(name: str, repository: Repository) -> dict[str, Any]:
-    return _config(repository.get(name))
+async def model_config(name: str, repository: Repository, state: State) -> dict[str, Any]:
+    return _config(repository.get(name), state.settings.max_images_per_request)
 
 
 @router.get(
@@ -212,8 +222,8 @@ async def model_config(name: str, repository: Repository) -> dict[str, Any]:
     summary="Triton model configuration of one version",
     responses=v2_responses(CONFIG_SCHEMA, 400, 404),
 )
-async def model_version_config(name: str, version: str, repository: Repository) -> dict[str, Any]:
-    return _config(repository.get(name, version))
+async def model_version_config(name: str, version: str, repository: Repository, state: State) -> dict[str, Any]:
+    return _config(repository.get(name, version), state.settings.max_images_per_request)
 
 
 async def _infer(request: Request, state: State, name: str, version: str | None) -> Response:
@@ -276,6 +286,33 @@ async def infer_version(name: str, version: str, request: Request, state: State)
     return await _infer(request, state, name, version)
 
 
-@router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"], include_in_schema=False)
-async def unknown(path: str, request: Request) -> Response:
-    return error_response(404, f"no such endpoint: {request.method} /v2/{path}")
+_ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods the other /v2 routes take on this request's path (empty: no route has the path)."""
+    allowed: set[str] = set()
+    for route in router.routes:
+        if isinstance(route, APIRoute) and route.endpoint is not unknown:
+            match, _ = route.matches({**request.scope, "method": ""})  # no method matches: PARTIAL = the path does
+            if match != Match.NONE:
+                allowed |= route.methods
+    return sorted(allowed)
+
+
+@router.api_route("", methods=_ANY_METHOD, include_in_schema=False)
+@router.api_route("/{path:path}", methods=_ANY_METHOD, include_in_schema=False)
+async def unknown(request: Request) -> Response:
+    """Every /v2 request no route took: 405 with ``Allow`` when the path exists, else 404.
+
+    Starlette would answer a method the path lacks with the ``Allow`` of the first route that
+    has the path (one of GET and HEAD, registered as two routes) as problem+json, and the
+    catch-all would make PUT on an existing path a 404; here both are the protocol's error.
+    """
+    allowed = _allowed_methods(request)
+    if allowed:
+        methods = ", ".join(allowed)
+        return error_response(
+            405, f"{request.method} is not allowed on {request.url.path}; use {methods}", {"Allow": methods}
+        )
+    return error_response(404, f"no such endpoint: {request.method} {request.url.path}")

@@ -1,0 +1,167 @@
+"""The decoded-pixel budgets of a worker and of a request, and dropping pictures once used (issue 15 F)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+
+import pytest
+from PIL import Image
+
+from service import inference
+from service.errors import DeadlineExceeded, PayloadTooLarge
+from service.pixel_budget import PixelBudget
+from tests.conftest import running_app
+
+pytestmark = pytest.mark.anyio
+CLASSIFY = "/v1/models/vit-digits/classify"
+
+
+def png(width: int, height: int) -> bytes:
+    buffer = io.BytesIO()
+    Image.new("L", (width, height), 200).save(buffer, "PNG")
+    return buffer.getvalue()
+
+
+async def test_the_budget_grants_in_arrival_order_and_refuses_what_never_fits() -> None:
+    budget = PixelBudget(100)
+    order: list[str] = []
+
+    async def hold(name: str, pixels: int, release: asyncio.Event) -> None:
+        async with budget.reserve(pixels, timeout=None):
+            order.append(name)
+            await release.wait()
+
+    big_done, small_done, later_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    first = asyncio.create_task(hold("first", 70, big_done))
+    await asyncio.sleep(0)
+    second = asyncio.create_task(hold("second", 60, small_done))  # does not fit beside the first: waits
+    third = asyncio.create_task(hold("third", 10, later_done))  # would fit, but never overtakes the second
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert order == ["first"] and budget.held == 70 and budget.waiting == 2
+    big_done.set()
+    await first
+    for _ in range(5):
+        await asyncio.sleep(0)
+    assert order == ["first", "second", "third"] and budget.held == 70
+    small_done.set()
+    later_done.set()
+    await asyncio.gather(second, third)
+    assert budget.held == 0 and budget.waiting == 0
+    with pytest.raises(PayloadTooLarge, match="PATCHSERVE_MAX_DECODING_PIXELS"):
+        async with budget.reserve(101, timeout=None):
+            pass
+
+
+async def test_an_image_waits_for_room_until_its_deadline_then_gets_a_504() -> None:
+    budget = PixelBudget(100)
+    async with budget.reserve(100, timeout=None):
+        with pytest.raises(DeadlineExceeded, match="decoding room"):
+            async with budget.reserve(1, timeout=0.01):
+                pass
+        assert budget.waiting == 0  # the one that gave up left the queue
+    assert budget.held == 0
+    async with budget.reserve(100, timeout=0.01):  # and the budget is whole again
+        assert budget.held == 100
+
+
+async def test_a_request_past_its_pixel_total_gets_413_entries_for_the_images_that_do_not_fit() -> None:
+    # 64x64 = 4,096 pixels each: the first two fit in 10,000, the third would not, a 32x32 still does.
+    files = [("image", png(64, 64)), ("image", png(64, 64)), ("image", png(64, 64)), ("image", png(32, 32))]
+    async with running_app(max_request_pixels=10_000) as client:
+        response = await client.post(CLASSIFY, files=files)
+    results = response.json()["results"]
+    assert [r.get("status", 200) for r in results] == [200, 200, 413, 200]
+    assert "PATCHSERVE_MAX_REQUEST_PIXELS" in results[2]["detail"] and "4096 pixels" in results[2]["detail"]
+
+
+async def test_an_image_larger_than_the_worker_budget_alone_is_a_413_entry() -> None:
+    async with running_app(max_decoding_pixels=5_000) as client:
+        response = await client.post(CLASSIFY, files=[("image", png(100, 100)), ("image", png(50, 50))])
+    big, small = response.json()["results"]
+    assert big["status"] == 413 and "PATCHSERVE_MAX_DECODING_PIXELS" in big["detail"]
+    assert small["predictions"]
+
+
+async def test_images_decoding_at_once_never_hold_more_than_the_worker_budget(monkeypatch) -> None:
+    active, peak, lock = 0, 0, threading.Lock()
+    original = inference._decode_and_preprocess
+
+    def counting(*args):
+        nonlocal active, peak
+        with lock:
+            active += 1
+            peak = max(peak, active)
+        try:
+            threading.Event().wait(0.02)  # long enough for others to start if they were allowed to
+            return original(*args)
+        finally:
+            with lock:
+                active -= 1
+
+    monkeypatch.setattr(inference, "_decode_and_preprocess", counting)
+    # 4,096 pixels each, a budget of 10,000: two at once, though each request may decode two and
+    # the pool has four threads; two requests of three images each.
+    async with running_app(decode_threads=4, max_decoding_pixels=10_000) as client:
+        responses = await asyncio.gather(*(client.post(CLASSIFY, files=[("image", png(64, 64))] * 3) for _ in range(2)))
+        held_after = client.app.state.server.pixel_budget.held
+    assert [len(r.json()["results"]) for r in responses] == [3, 3]
+    assert all("predictions" in r for response in responses for r in response.json()["results"])
+    assert peak <= 2 and held_after == 0
+
+
+async def test_the_full_size_picture_is_dropped_unless_render_needs_it() -> None:
+    async with running_app() as client:
+        model = client.app.state.server.repository.get("vit-digits")
+        pool = client.app.state.server.decode_pool
+        kept, dropped = [
+            await inference.infer_images(model, [png(640, 480)], pool=pool, max_pixels=10**6, keep_images=keep)
+            for keep in (True, False)
+        ]
+    assert kept[0].image.image is not None and kept[0].image.image.size == (640, 480)
+    assert dropped[0].image.image is None and dropped[0].image.size == (640, 480)
+    assert dropped[0].image.width == 640 and dropped[0].result is not None
+
+
+def test_a_large_still_webp_is_decoded_scaled_like_a_jpeg_draft() -> None:
+    # Issue 15 F: Pillow's WebP path held three full canvases (608 MiB for a 6300x6300 file).
+    from service.images import decode_image
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (4000, 3000), (30, 60, 90)).save(buffer, "WEBP", lossless=True)
+    decoded = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8, draft_size=(128, 128))
+    assert (decoded.width, decoded.height) == (4000, 3000)  # the size as displayed, in full
+    assert decoded.size == (342, 256)  # twice the target on the short side, ceil(4000 * 256 / 3000) on the long
+    assert decoded.image.getpixel((5, 5)) == (30, 60, 90)
+    whole = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8)  # no draft size: full size
+    assert whole.size == (4000, 3000)
+
+
+async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(monkeypatch) -> None:
+    # Issue 15 B: ?timeout=1 was answered only when the decode ended (9.8 s). A decode thread
+    # cannot be interrupted: the request answers at its deadline, and the image's pixels stay
+    # reserved until the thread really ends.
+    release, started = threading.Event(), threading.Event()
+    original = inference._decode_and_preprocess
+
+    def stuck(*args):
+        started.set()
+        release.wait(60)  # a decode that runs on past the deadline
+        return original(*args)
+
+    monkeypatch.setattr(inference, "_decode_and_preprocess", stuck)
+    async with running_app() as client:
+        budget = client.app.state.server.pixel_budget
+        response = await client.post(CLASSIFY, files={"image": png(64, 64)}, params={"timeout": 0.2})
+        held_while_running = budget.held
+        release.set()
+        for _ in range(6000):  # a bound on waiting for the thread, never a measured figure
+            if budget.held == 0:
+                break
+            await asyncio.sleep(0.01)
+        held_after = budget.held
+    assert started.is_set() and response.status_code == 504, response.text
+    assert "deadline passed while this image was being decoded" in response.json()["detail"]
+    assert held_while_running == 64 * 64 and held_after == 0
