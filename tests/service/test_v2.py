@@ -13,8 +13,8 @@ import pytest
 
 from service.images import decode_image
 from service.manifest import load_manifest
-from service.postprocess import classify
 from service.preprocess import Preprocessor
+from service.tasks.classification import classify
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
 
 pytestmark = pytest.mark.anyio

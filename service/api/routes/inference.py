@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from service import attention, metrics, postprocess
+from service import attention, metrics
 from service.api.deps import Repository, State
 from service.api.lifetime import requested_timeout, unless_disconnected
 from service.api.openapi import CLASSIFICATION_SCHEMA, DETECTION_SCHEMA, PNG_CONTENT, image_responses
@@ -17,8 +17,9 @@ from service.api.responses import JSON
 from service.api.uploads import OPENAPI_IMAGE_BODY, read_images
 from service.errors import BadRequest, InvalidParameter, ProblemError, request_id
 from service.inference import ImageOutcome, infer_images, response_body, server_timing
-from service.render import draw_detections, png_bytes
+from service.render import png_bytes
 from service.repository import ModelRepository, ModelVersion
+from service.tasks import classification, detection
 
 # Every inference route takes `?timeout=` / `X-Request-Timeout` (seconds, may only shorten request_timeout).
 router = APIRouter(prefix="/v1/models", tags=["inference"], dependencies=[Depends(requested_timeout)])
@@ -126,7 +127,9 @@ async def classify(
 ) -> Response:
     def render(model: ModelVersion) -> Callable[[ImageOutcome], dict[str, Any]]:
         logits_name, labels = model.manifest.outputs[0], model.manifest.labels
-        return lambda outcome: {"predictions": postprocess.classify(outcome.result.outputs[logits_name], labels, top_k)}
+        return lambda outcome: {
+            "predictions": classification.classify(outcome.result.outputs[logits_name], labels, top_k)
+        }
 
     async def heat_map(body: dict[str, Any], outcomes: list[ImageOutcome]) -> Response:
         if len(outcomes) != 1:
@@ -213,7 +216,7 @@ async def detect(
         def one(outcome: ImageOutcome) -> dict[str, Any]:
             decoded = outcome.image
             displayed = (decoded.width, decoded.height)
-            detections = postprocess.detect(
+            detections = detection.detect(
                 outcome.result.outputs[logits_name],
                 outcome.result.outputs[boxes_name],
                 labels,
@@ -232,7 +235,9 @@ async def detect(
         decoded = outcomes[0].image
         drawn = await asyncio.get_running_loop().run_in_executor(
             state.decode_pool,
-            lambda: png_bytes(draw_detections(decoded.image, body["detections"], (decoded.width, decoded.height))),
+            lambda: png_bytes(
+                detection.draw_detections(decoded.image, body["detections"], (decoded.width, decoded.height))
+            ),
         )
         return Response(drawn, media_type="image/png")
 

@@ -1,0 +1,1 @@
+"""One module per task: what varies between classification, detection and embeddings lives here."""
