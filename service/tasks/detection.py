@@ -1,5 +1,10 @@
 """Detection: DETR's set prediction read directly (no NMS), and the detections drawn on the image.
 
+Route ``POST /v1/models/{name}/detect?threshold=0.5&max_detections=100``; output roles
+``logits`` (B, Q, num_classes + 1, no-object last) and ``boxes`` (B, Q, 4), normalised
+(cx, cy, w, h) of the model input. The post-processing's variant is the manifest's
+``task_options.scores`` (only ``"softmax"``, DETR's with a no-object class, so far).
+
 The picture (``render=png``) is the image as the client displays it (EXIF orientation applied,
 full size), in the colour mode the model reads, with each detection's box outlined and its
 label and score written in a filled tag at the box's top-left corner (above the box where
@@ -10,13 +15,20 @@ overlap.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
+from pydantic import BaseModel, ConfigDict, Field
 
 from service.postprocess import softmax
-from service.render import displayed_canvas
+from service.render import displayed_canvas, png_bytes
+from service.tasks.base import BaseTask, output, register, result_schema
+
+if TYPE_CHECKING:
+    from service.inference import ImageOutcome
+    from service.manifest import Manifest
+    from service.repository import ModelVersion
 
 
 def detect(
@@ -132,3 +144,93 @@ def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], si
         draw.rectangle((x0, tag_y, x0 + tag_w - 1, tag_y + tag_h - 1), fill=colour)
         draw.text((x0 + 1 - left, tag_y + 1 - top), text, fill=(0, 0, 0), font=font)
     return canvas
+
+
+class DetectParams(BaseModel):
+    """``detect``'s query parameters."""
+
+    threshold: float = Field(0.5, ge=0, le=1, description="Lowest score returned")
+    max_detections: int = Field(
+        100, ge=1, description="Most detections returned, best first; clamped to the number of queries"
+    )
+    render: Literal["json", "png"] | None = Field(
+        None, description="png: the image with its detections drawn (one image only)"
+    )
+
+
+class DetectOptions(BaseModel):
+    """The manifest's ``task_options`` for a detector: which post-processing its outputs need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scores: Literal["softmax"] = Field(
+        "softmax", description="softmax over classes with the no-object class last (DETR, YOLOS)"
+    )
+
+
+_PIXELS = {"type": "number", "minimum": 0, "description": "pixels of the displayed image"}
+_DETECTIONS = {
+    "type": "array",
+    "description": "DETR's set prediction read directly (no NMS), best score first.",
+    "items": {
+        "type": "object",
+        "required": ["label", "class_id", "score", "box"],
+        "properties": {
+            "label": {"type": "string"},
+            "class_id": {"type": "integer", "minimum": 0},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "box": {
+                "type": "object",
+                "required": ["xmin", "ymin", "xmax", "ymax"],
+                "properties": {"xmin": _PIXELS, "ymin": _PIXELS, "xmax": _PIXELS, "ymax": _PIXELS},
+            },
+        },
+    },
+}
+
+
+class Detection(BaseTask):
+    """Object detection with a set predictor (DETR): :func:`detect`, boxes in displayed pixels."""
+
+    name = "detection"
+    verb = "detect"
+    summary = "Detect objects in one or more images"
+    roles = ("logits", "boxes")
+    Params = DetectParams
+    Options = DetectOptions
+    result_schema = result_schema("Detection", {"detections": _DETECTIONS})
+    picture_help = "the image with its detections drawn"
+
+    def check_manifest(self, manifest: Manifest) -> None:
+        """A detector takes no crop: its boxes map back through the whole input frame.
+
+        Raises:
+            ValueError: ``center_crop`` or ``crop_size`` in its preprocessing.
+        """
+        if manifest.preprocessing.resize == "center_crop" or manifest.preprocessing.crop_size:
+            raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
+
+    def fields(self, model: ModelVersion, outcome: ImageOutcome, params: DetectParams) -> dict[str, Any]:
+        """``{"detections": [...]}`` in pixels of the image as displayed (EXIF applied), clipped to it."""
+        decoded = outcome.image
+        displayed = (decoded.width, decoded.height)
+        detections = detect(
+            output(model, outcome, "logits"),
+            output(model, outcome, "boxes"),
+            model.manifest.labels,
+            threshold=params.threshold,
+            max_detections=params.max_detections,
+            box_scale=model.preprocessor.box_scale(decoded.image.size, displayed),
+            image_size=displayed,
+        )
+        return {"detections": detections}
+
+    def picture(
+        self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: DetectParams
+    ) -> bytes:
+        """The displayed image with ``fields["detections"]`` drawn, as PNG."""
+        decoded = outcome.image
+        return png_bytes(draw_detections(decoded.image, fields["detections"], (decoded.width, decoded.height)))
+
+
+TASK = register(Detection())
