@@ -5,7 +5,7 @@ package registers the built-in ones. Adding a task is one new module and one imp
 (docs/STYLE.md, "How to add a task").
 """
 
-from service.tasks import classification, detection  # noqa: F401  (registers them, in this order)
+from service.tasks import classification, detection, embedding  # noqa: F401  (registers them, in this order)
 from service.tasks.base import (
     BaseTask,
     Task,

@@ -74,7 +74,10 @@ def test_health_and_metadata_through_tritonclient(server) -> None:
     vit = client.get_model_metadata("tiny-vit")
     assert vit["platform"] == "onnxruntime_onnx" and vit["versions"] == ["1"]
     assert vit["inputs"] == [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
-    assert vit["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert vit["outputs"] == [
+        {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+        {"name": "embedding", "datatype": "FP32", "shape": [-1, 32]},  # issue 16: every imported classifier embeds
+    ]
     detr = client.get_model_metadata("tiny-detr", "1")
     assert detr["inputs"][0]["shape"] == [-1, 3, -1, -1]
     assert [(o["name"], o["shape"]) for o in detr["outputs"]] == [
