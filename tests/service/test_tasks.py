@@ -120,3 +120,27 @@ async def test_a_failed_v2_inference_is_counted_as_an_error(monkeypatch) -> None
 
     assert delta(model="vit-digits", version="1", outcome="error") == 1
     assert delta(model="_unknown", outcome="client_error") == 1
+
+
+@pytest.mark.parametrize(
+    ("edit", "part"),
+    [
+        ({"task": "segmentation"}, "unknown task 'segmentation'; registered tasks: classification, detection"),
+        ({"roles": {"logits": "scores"}}, "not in outputs"),
+        ({"roles": {"embedding": "logits"}}, "needs the output role(s) ['logits']"),
+        ({"task_options": {"scores": "softmax"}}, "task_options"),
+    ],
+)
+def test_a_manifest_with_an_unknown_task_or_bad_roles_names_the_field(tmp_path, edit: dict, part: str) -> None:
+    import json
+
+    from service.manifest import Manifest, ManifestError, load_manifest
+
+    data = json.loads((ROOT / "model_repository" / "vit-digits" / "1" / "model.json").read_text())
+    assert Manifest.model_validate(data).task == "classification"
+    data.update(edit)
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ManifestError) as caught:
+        load_manifest(path)
+    assert str(path) in str(caught.value) and part in str(caught.value)
