@@ -37,21 +37,23 @@ def _test_split(dataset: str):
     raise ValueError(f"no test split known for dataset {dataset!r}")
 
 
-class ForServing(nn.Module):
+class ForServing(ViT):
     """A ViT whose graph outputs ``logits`` (B, num_classes), ``embedding`` (B, d) and, with
     ``attention``, ``attentions`` (B, depth, heads, T, T).
 
     ``embedding`` is the head's input: the class token after the final LayerNorm (the server's
-    ``embed`` task L2-normalises it).
+    ``embed`` task L2-normalises it). A ViT itself, holding ``vit``'s weights, so the graph's
+    weights keep the checkpoint's names (``head.weight``, ...).
     """
 
     def __init__(self, vit: ViT, attention: bool) -> None:
-        super().__init__()
-        self.vit, self.attention = vit, attention
+        super().__init__(vit.config)
+        self.load_state_dict(vit.state_dict())
+        self.attention = attention
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        pooled, attentions = self.vit.pooled(images, self.attention)
-        logits = self.vit.head(pooled)
+        pooled, attentions = self.pooled(images, self.attention)
+        logits = self.head(pooled)
         if self.attention:
             return logits, pooled, torch.stack(attentions, dim=1)
         return logits, pooled
