@@ -34,6 +34,7 @@ from pathlib import Path
 from bench import images, loadgen, pyloadgen, raw, servers
 from bench.run import machine
 from service.manifest import load_manifest
+from service.tasks import detection
 
 log = logging.getLogger("bench.gpu")
 
@@ -58,7 +59,7 @@ def bench_model(model_dir: Path, files: list[Path], args: argparse.Namespace) ->
     """(a), (c) and (d) for one model version folder; the model's entry of the results file."""
     manifest = load_manifest(model_dir / "model.json")
     name, repository = model_dir.parent.name, model_dir.parent.parent
-    search = "HEURISTIC" if manifest.task == "detection" else "EXHAUSTIVE"
+    search = "HEURISTIC" if manifest.task == detection.TASK.name else "EXHAUSTIVE"
     log.info("%s (%s): (a) on %s", name, manifest.task, args.device)
     a = {
         key: raw.ort_best_batch(

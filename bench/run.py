@@ -52,6 +52,7 @@ import numpy as np
 from bench import decode, images, loadgen, plots, quiet, raw, report, servers
 from service.cpus import usable_cpus
 from service.manifest import load_manifest
+from service.tasks import classification
 
 log = logging.getLogger("bench")
 
@@ -294,7 +295,7 @@ def trained_models(repository: Path) -> list[tuple[str, Path]]:
     found = []
     for name_dir in sorted(p for p in repository.iterdir() if p.is_dir()):
         versions = sorted((p for p in name_dir.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
-        if versions and load_manifest(versions[-1] / "model.json").task == "classification":
+        if versions and load_manifest(versions[-1] / "model.json").task == classification.TASK.name:
             found.append((name_dir.name, versions[-1]))
     return found
 

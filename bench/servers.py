@@ -19,6 +19,9 @@ from pathlib import Path
 
 import httpx
 
+from service import tasks
+from service.tasks import classification
+
 HOST = "127.0.0.1"
 
 
@@ -47,7 +50,7 @@ def patchserve(
     repository: Path,
     model: str,
     *,
-    task: str = "classification",
+    task: str = classification.TASK.name,
     key: str = "patchserve",
     label: str = "(c) patchserve",
     **settings: str,
@@ -58,7 +61,7 @@ def patchserve(
     """
     env = {"PATCHSERVE_MODEL_REPOSITORY": str(repository), "PATCHSERVE_LOG_LEVEL": "warning"}
     env |= {f"PATCHSERVE_{name.upper()}": value for name, value in settings.items()}
-    route = "classify" if task == "classification" else "detect"
+    route = tasks.get(task).verb  # POST /v1/models/{model}/{verb}
     return Server(key, label, (sys.executable, "-m", "service"), f"/v1/models/{model}/{route}", "/readyz", env)
 
 

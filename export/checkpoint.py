@@ -24,6 +24,7 @@ from service.manifest import (
     write_manifest,
 )
 from service.preprocess import Preprocessor
+from service.tasks import classification
 
 
 def _test_split(dataset: str):
@@ -36,15 +37,26 @@ def _test_split(dataset: str):
     raise ValueError(f"no test split known for dataset {dataset!r}")
 
 
-class WithAttention(nn.Module):
-    """A ViT whose graph outputs ``logits`` (B, num_classes) and ``attentions`` (B, depth, heads, T, T)."""
+class ForServing(ViT):
+    """A ViT whose graph outputs ``logits`` (B, num_classes), ``embedding`` (B, d) and, with
+    ``attention``, ``attentions`` (B, depth, heads, T, T).
 
-    def __init__(self, vit: ViT) -> None:
-        super().__init__()
-        self.vit = vit
+    ``embedding`` is the head's input: the class token after the final LayerNorm (the server's
+    ``embed`` task L2-normalises it). A ViT itself, holding ``vit``'s weights, so the graph's
+    weights keep the checkpoint's names (``head.weight``, ...).
+    """
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.vit(images, return_attention=True)
+    def __init__(self, vit: ViT, attention: bool) -> None:
+        super().__init__(vit.config)
+        self.load_state_dict(vit.state_dict())
+        self.attention = attention
+
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        pooled, attentions = self.pooled(images, self.attention)
+        logits = self.head(pooled)
+        if self.attention:
+            return logits, pooled, torch.stack(attentions, dim=1)
+        return logits, pooled
 
 
 def _model(checkpoint: dict) -> nn.Module:
@@ -75,9 +87,13 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
     preprocessing.
 
     Args:
-        attention: for a ViT, add every block's attention weights as a second output,
+        attention: for a ViT, add every block's attention weights as an output,
             ``attentions`` (B, depth, heads, T, T), recorded in the manifest's ``attention``
             (the server draws attention rollout from it).
+
+    A ViT's graph also outputs ``embedding`` (B, d), the class token after the final
+    LayerNorm, in the manifest's ``roles``: the model then serves ``embed`` beside
+    ``classify``.
 
     Raises:
         ParityError: ONNX Runtime and PyTorch differ by more than 1e-4.
@@ -89,9 +105,11 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
 
         return export_detr(checkpoint, out, opset=opset)
     model = _model(checkpoint)
-    attention = attention and isinstance(model, ViT)
-    graph = WithAttention(model).eval() if attention else model
-    outputs = ("logits", "attentions") if attention else ("logits",)
+    vit = isinstance(model, ViT)
+    attention = attention and vit
+    graph = ForServing(model, attention).eval() if vit else model
+    outputs = ("logits", "embedding", "attentions")[: 1 + vit + attention]
+    roles = {"logits": "logits", **({"embedding": "embedding"} if vit else {})}
 
     preprocessing = Preprocessing.model_validate(checkpoint["preprocessing"])
     test = _test_split(checkpoint["dataset"])
@@ -105,10 +123,11 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
     c, h, w = preprocess.output_shape
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
-        task="classification",
+        task=classification.TASK.name,
         description=_description(model, checkpoint["dataset"]),
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, h, w]),
         outputs=list(outputs),
+        roles=roles,
         preprocessing=preprocessing,
         labels=checkpoint["labels"],
         provenance=Provenance(

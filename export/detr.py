@@ -22,6 +22,7 @@ from models.detection_eval import coco_ap, detect_images
 from models.detr import DETR, DETRForExport, config_from_dict
 from service.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
 from service.preprocess import Preprocessor
+from service.tasks import detection
 
 OUTPUT_NAMES = ("pred_logits", "pred_boxes")
 
@@ -70,13 +71,14 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
     c, h, w = preprocess.output_shape
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
-        task="detection",
+        task=detection.TASK.name,
         description=(
             f"DETR ({config.backbone} backbone, d={config.hidden_size}, {config.num_encoder_layers}+"
             f"{config.num_decoder_layers} layers, {config.num_queries} queries) trained on {checkpoint['dataset']}"
         ),
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, h, w]),
         outputs=list(OUTPUT_NAMES),
+        roles=dict(zip(detection.TASK.roles, OUTPUT_NAMES, strict=True)),
         preprocessing=preprocessing,
         labels=labels,
         provenance=Provenance(

@@ -36,6 +36,31 @@ KEEP_FP32 = ("LayerNormalization", "Softmax")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
+def _own_output_tensors(model) -> None:
+    """Give every graph output that a node also reads (a ViT's ``embedding``, the head's input) its own tensor.
+
+    The converter casts such an output back to float32 under the output's name, and the nodes that
+    read it would then get the float32 tensor beside float16 weights (an invalid Gemm). The tensor
+    is renamed inside the graph and an Identity copies it to the output, so the cast feeds nothing
+    else. Edits ``model`` (an ``onnx.ModelProto``) in place.
+    """
+    from onnx import helper
+
+    graph = model.graph
+    read = {name for node in graph.node for name in node.input}
+    for output in graph.output:
+        if output.name not in read:
+            continue
+        inner = f"{output.name}__inner"
+        for node in graph.node:
+            node.input[:] = [inner if n == output.name else n for n in node.input]
+            node.output[:] = [inner if n == output.name else n for n in node.output]
+        for info in graph.value_info:
+            if info.name == output.name:
+                info.name = inner
+        graph.node.append(helper.make_node("Identity", [inner], [output.name], name=f"{output.name}__copy"))
+
+
 def convert(src: Path, dst: Path, *, keep_fp32: Sequence[str] = KEEP_FP32) -> None:
     """Write ``dst/model.onnx``: ``src/model.onnx`` in float16, float32 inputs and outputs.
 
@@ -51,6 +76,7 @@ def convert(src: Path, dst: Path, *, keep_fp32: Sequence[str] = KEEP_FP32) -> No
     from onnxconverter_common.float16 import convert_float_to_float16
 
     model = onnx.load(str(src / "model.onnx"))
+    _own_output_tensors(model)
     with warnings.catch_warnings():  # it warns for every weight below float16's smallest normal number
         warnings.simplefilter("ignore", UserWarning)
         half = convert_float_to_float16(model, keep_io_types=True, op_block_list=list(keep_fp32))

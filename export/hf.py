@@ -5,10 +5,13 @@
 Supported architectures (``config.json``'s ``architectures[0]``):
 
 * ``ViTForImageClassification`` (Dosovitskiy et al. 2021) and ``DeiTForImageClassification``:
-  the graph outputs the class head's ``logits`` (B, num_labels).
+  the graph outputs the class head's ``logits`` (B, num_labels) and ``embedding`` (B, hidden),
+  the class token after the final LayerNorm (what the head takes), so every imported classifier
+  also serves ``embed``.
 * ``DeiTForImageClassificationWithTeacher`` (Touvron et al. 2021, Sec. 5): ``logits`` is the
   average of the class-token head and the distillation-token head, as DeiT predicts at
-  inference (transformers' forward computes exactly that average).
+  inference (transformers' forward computes exactly that average); ``embedding`` is the class
+  token's, as for the others.
 * ``DetrForObjectDetection`` (Carion et al. 2020) with transformers' own ResNet backbone
   (``use_timm_backbone=false``, as the hub's ``no_timm`` revisions are): ``pred_logits``
   (B, num_queries, num_labels + 1, no-object last) and ``pred_boxes`` (B, num_queries, 4),
@@ -27,6 +30,8 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,15 +51,10 @@ from service.manifest import (
     write_manifest,
 )
 from service.preprocess import Preprocessor
+from service.tasks import classification, detection
 
 log = logging.getLogger(__name__)
 
-TASKS = {
-    "ViTForImageClassification": "classification",
-    "DeiTForImageClassification": "classification",
-    "DeiTForImageClassificationWithTeacher": "classification",
-    "DetrForObjectDetection": "detection",
-}
 NO_OBJECT = "no-object"
 # PIL's resampling filter numbers, as preprocessor_config.json stores them.
 _RESAMPLE = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
@@ -130,8 +130,8 @@ def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Prepro
 
     Args:
         processor: ``preprocessor_config.json`` of a ViT, DeiT or DETR image processor.
-        task: "classification" (a bare int ``size`` is a square, as ViT/DeiT read it) or
-            "detection" (a bare int is DETR's shortest edge, ``max_size`` its longest).
+        task: a classifier's task name (a bare int ``size`` is a square, as ViT/DeiT read it)
+            or a detector's (a bare int is DETR's shortest edge, ``max_size`` its longest).
 
     Returns:
         RGB preprocessing: ``stretch`` for ``{"height", "width"}``, ``shortest_edge`` for
@@ -145,8 +145,8 @@ def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Prepro
         raise ImportRefused("preprocessor_config.json: do_resize is false; the server needs a resize policy")
     if processor.get("pad_size"):
         raise ImportRefused("preprocessor_config.json: pad_size pads to a fixed size with a pixel mask; not supported")
-    default = _DETR_DEFAULT_SIZE if task == "detection" else {"height": 224, "width": 224}
-    size = _size_dict(processor.get("size", default), processor.get("max_size"), square=task == "classification")
+    head = _head(task)
+    size = _size_dict(processor.get("size", head.default_size), processor.get("max_size"), square=head.square)
     fields: dict[str, Any] = {}
     if "height" in size and "width" in size:
         fields.update(resize="stretch", size=Size(height=size["height"], width=size["width"]))
@@ -157,7 +157,7 @@ def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Prepro
     else:
         raise ImportRefused(f"preprocessor_config.json: size {size} has no matching resize policy")
     if processor.get("do_center_crop", False):
-        if task == "detection":
+        if not head.crop:
             raise ImportRefused("preprocessor_config.json: a centre crop before a detector would cut boxes off")
         crop = _size_dict(processor.get("crop_size", 224), None, square=True)
         fields["crop_size"] = Size(height=crop["height"], width=crop["width"])
@@ -180,18 +180,24 @@ def labels_from_config(config: dict[str, Any], task: str) -> list[str]:
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     count = max(len(id2label), int(config.get("num_labels", 0) or 0))
     labels = [id2label.get(i, f"LABEL_{i}") for i in range(count)]
-    return [*labels, NO_OBJECT] if task == "detection" else labels
+    return [*labels, NO_OBJECT] if _head(task).no_object else labels
 
 
 class _Classifier(nn.Module):
-    """(B, 3, H, W) pixel values -> logits (B, num_labels)."""
+    """(B, 3, H, W) pixel values -> (logits (B, num_labels), embedding (B, hidden)).
+
+    ``embedding`` is the class token after the backbone's final LayerNorm: the head's input
+    (ViT, DeiT; the distilled DeiT's class-token head too).
+    """
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        self.layernorm = getattr(model, model.base_model_prefix).layernorm
 
-    def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-        return self.model(pixel_values=pixel_values).logits
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        outputs = self.model(pixel_values=pixel_values, output_hidden_states=True)
+        return outputs.logits, self.layernorm(outputs.hidden_states[-1][:, 0])
 
 
 class _Detector(nn.Module):
@@ -205,6 +211,63 @@ class _Detector(nn.Module):
         # No pixel_mask: the server never pads, so DETR's default all-ones mask is the right one.
         outputs = self.model(pixel_values=pixel_values)
         return outputs.logits, outputs.pred_boxes
+
+
+@dataclass(frozen=True)
+class _Head:
+    """How one kind of checkpoint is exported; the only place the importer's tasks differ.
+
+    Attributes:
+        task: the registered task (its name goes into the manifest).
+        wrapper: the transformers model -> a module from pixel values to ``outputs``.
+        outputs: the graph's output names, in order; ``roles`` names their roles.
+        default_size: the processor's ``size`` when its config leaves it out.
+        square: a bare int ``size`` is a square (ViT/DeiT) rather than a shortest edge (DETR).
+        no_object: labels get DETR's no-object class last.
+        crop: a centre crop is allowed (a detector's boxes would be cut off).
+    """
+
+    task: str
+    wrapper: Callable[[nn.Module], nn.Module]
+    outputs: tuple[str, ...]
+    roles: dict[str, str]
+    default_size: dict[str, int]
+    square: bool
+    no_object: bool
+    crop: bool
+
+
+_CLASSIFIER = _Head(
+    classification.TASK.name,
+    _Classifier,
+    ("logits", "embedding"),
+    {"logits": "logits", "embedding": "embedding"},
+    {"height": 224, "width": 224},
+    square=True,
+    no_object=False,
+    crop=True,
+)
+_DETECTOR = _Head(
+    detection.TASK.name,
+    _Detector,
+    ("pred_logits", "pred_boxes"),
+    {"logits": "pred_logits", "boxes": "pred_boxes"},
+    _DETR_DEFAULT_SIZE,
+    square=False,
+    no_object=True,
+    crop=False,
+)
+HEADS = {
+    "ViTForImageClassification": _CLASSIFIER,
+    "DeiTForImageClassification": _CLASSIFIER,
+    "DeiTForImageClassificationWithTeacher": _CLASSIFIER,
+    "DetrForObjectDetection": _DETECTOR,
+}
+TASKS = {architecture: head.task for architecture, head in HEADS.items()}  # architecture -> task name
+
+
+def _head(task: str) -> _Head:
+    return next(head for head in HEADS.values() if head.task == task)
 
 
 def sample_image(seed: int, width: int, height: int) -> Image.Image:
@@ -247,19 +310,19 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     config = _read_json(folder / "config.json")
     processor = _read_json(folder / "preprocessor_config.json")
     architecture = architecture_of(config, folder)
-    task = TASKS[architecture]
-    if task == "detection":
+    head = HEADS[architecture]
+    if head is _DETECTOR:
         check_backbone(config, folder)
-    preprocessing = preprocessing_from_processor(processor, task)
-    labels = labels_from_config(config, task)
+    preprocessing = preprocessing_from_processor(processor, head.task)
+    labels = labels_from_config(config, head.task)
     model = load_model(folder, architecture)
-    wrapper = _Detector(model) if task == "detection" else _Classifier(model)
-    output_names = ("pred_logits", "pred_boxes") if task == "detection" else ("logits",)
+    wrapper = head.wrapper(model)
+    output_names = head.outputs
 
     preprocess = Preprocessor(preprocessing)
     batches = _parity_batches(preprocess)
     with torch.no_grad():
-        width = (wrapper(batches[0])[0] if task == "detection" else wrapper(batches[0])).shape[-1]
+        width = wrapper(batches[0])[0].shape[-1]  # the class scores come first
     if width != len(labels):
         raise ImportRefused(f"{folder}: the model outputs {width} classes but id2label gives {len(labels)} labels")
     path = out / "model.onnx"
@@ -275,15 +338,16 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     ]
     if architecture == "DeiTForImageClassificationWithTeacher":
         notes.append("logits = (class head + distillation head) / 2, DeiT's inference rule")
-    if task == "detection":
+    if head.no_object:
         notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
     source = config.get("_name_or_path") or folder.name
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
-        task=task,
+        task=head.task,
         description=f"{architecture} imported from the transformers checkpoint {source}",
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, *hw]),
         outputs=list(output_names),
+        roles=head.roles,
         preprocessing=preprocessing,
         labels=labels,
         provenance=Provenance(

@@ -20,6 +20,7 @@ from export.onnx_export import export_info, export_onnx, parity
 from models import detr
 from models.vit import CONFIGS, build
 from service.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+from service.tasks import classification, detection
 
 # The Hugging Face ViTImageProcessor's defaults (google/vit-base-patch16-224): stretch, bilinear, mean = std = 0.5.
 HF_VIT_MEAN = HF_VIT_STD = [0.5, 0.5, 0.5]
@@ -58,7 +59,7 @@ def export_random(config: str, out: Path, *, num_classes: int = 1000, seed: int 
     diffs = parity(model, path, [inputs[:1], inputs])
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
-        task="classification",
+        task=classification.TASK.name,
         description=f"{config} ({model.config.hidden_size} wide, {model.config.depth} blocks, "
         f"{model.config.patch_size}x{model.config.patch_size} patches, {size}x{size}) with RANDOM weights: "
         "for benchmarks only, its predictions mean nothing",
@@ -89,11 +90,12 @@ def _export_random_detr(out: Path, *, seed: int, opset: int) -> Manifest:
     diffs = parity(graph, path, [inputs[:1], inputs])
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
-        task="detection",
+        task=detection.TASK.name,
         description=f"DETR-R50 (ResNet-50, d=256, 6+6 layers, {config.num_queries} queries, {height}x{width}) "
         "with RANDOM weights: for benchmarks only, its detections mean nothing",
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", 3, height, width]),
         outputs=["pred_logits", "pred_boxes"],
+        roles={"logits": "pred_logits", "boxes": "pred_boxes"},
         preprocessing=Preprocessing(
             color_mode="RGB",
             size={"height": height, "width": width},

@@ -45,10 +45,10 @@ def detect_images(
         batch_size: images per call of ``run``.
 
     Returns:
-        Per image, :func:`service.postprocess.detect`'s list, boxes in the image's pixels.
+        Per image, :func:`service.tasks.detection.detect`'s list, boxes in the image's pixels.
     """
-    from service.postprocess import detect
     from service.preprocess import Preprocessor
+    from service.tasks.detection import detect
 
     preprocess = Preprocessor(preprocessing)
     results: list[list[dict[str, Any]]] = []

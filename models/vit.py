@@ -224,15 +224,25 @@ class ViT(nn.Module):
             tokens = tokens + self.pos_embed
         return self.dropout(tokens)
 
-    def forward(
-        self, images: torch.Tensor, return_attention: bool = False
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    def pooled(self, images: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, list]:
+        """The head's input: the class token after the final LayerNorm, (B, d) float32 (Eq. 4's y).
+
+        Returns:
+            ``(pooled, attentions)``: attentions is every block's (B, heads, N + 1, N + 1)
+            weights when ``return_attention``, else a list of None.
+        """
         x = self.embed(images)
         attentions = []
         for block in self.blocks:
             x, weights = block(x, return_attention)
             attentions.append(weights)
-        logits = self.head(self.norm(x)[:, 0])  # Eq. (4) on the class token -> (B, num_classes)
+        return self.norm(x)[:, 0], attentions  # (B, d)
+
+    def forward(
+        self, images: torch.Tensor, return_attention: bool = False
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        pooled, attentions = self.pooled(images, return_attention)
+        logits = self.head(pooled)  # Eq. (4) on the class token -> (B, num_classes)
         if return_attention:
             return logits, torch.stack(attentions, dim=1)  # (B, depth, heads, N + 1, N + 1)
         return logits

@@ -18,6 +18,7 @@ path names (``_unknown`` when there is no such model).
 from __future__ import annotations
 
 import asyncio
+import functools
 import re
 import time
 from typing import Any
@@ -25,14 +26,18 @@ from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import metrics
-from service.errors import BodyTimeout, ModelNotFound, Unavailable, error_response_for
+from service import accounting, tasks
+from service.errors import BodyTimeout, Unavailable, error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-# /v1/models/{name}/classify|detect and the Open Inference Protocol's /v2/models/{name}[/versions/{v}]/infer
-_INFERENCE_PATH = re.compile(
-    r"^/v[12]/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?:classify|detect|infer)$"
-)
+
+
+@functools.cache
+def _inference_path(verbs: tuple[str, ...]) -> re.Pattern[str]:
+    """/v1/models/{name}/{verb} of every registered task, and the Open Inference Protocol's
+    /v2/models/{name}[/versions/{v}]/infer."""
+    alternatives = "|".join(re.escape(verb) for verb in (*verbs, "infer"))
+    return re.compile(rf"^/v[12]/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?:{alternatives})$")
 
 
 def model_labels(scope: Scope) -> tuple[str, str] | None:
@@ -40,20 +45,14 @@ def model_labels(scope: Scope) -> tuple[str, str] | None:
 
     Unknown models and versions give ``("_unknown", "")``, as the routes do.
     """
-    match = _INFERENCE_PATH.match(scope["path"])
+    match = _inference_path(tuple(tasks.verbs())).match(scope["path"])
     if match is None:
         return None
     query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
     version = match["version"] or (query.get("version") or [None])[0]
     app = scope.get("app")
     repository = getattr(getattr(getattr(app, "state", None), "server", None), "repository", None)
-    if repository is None:
-        return metrics.UNKNOWN_MODEL, ""
-    try:
-        model = repository.get(match["name"], version)
-    except ModelNotFound:
-        return metrics.UNKNOWN_MODEL, ""
-    return model.name, str(model.version)
+    return accounting.labels_for(repository, match["name"], version)
 
 
 class AdmissionMiddleware:
@@ -101,7 +100,7 @@ class AdmissionMiddleware:
         labels = model_labels(scope)
         if labels is not None:
             state["model"], state["version"] = labels
-            metrics.observe_request(*labels, Unavailable.outcome, None)
+            accounting.count_refused(labels, Unavailable.outcome)
         error = Unavailable(
             f"this worker already holds {self.max_in_flight} requests (PATCHSERVE_MAX_IN_FLIGHT); "
             f"retry after {self.retry_after} s",

@@ -210,7 +210,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(models.router)
-    app.include_router(inference.router)
+    app.include_router(inference.build_router())  # one route per registered task
     app.include_router(metrics.router)
     app.include_router(v2.router)
     if settings.playground:

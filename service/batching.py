@@ -47,7 +47,7 @@ import numpy as np
 from service import metrics, tracing
 from service.batch_arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
 from service.clock import Clock, MonotonicClock, Timer
-from service.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
+from service.errors import BadRequest, DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -188,6 +188,25 @@ class Batcher:
     def room(self) -> int:
         """Places left in the queue: ``queue_size - queued``."""
         return self.config.queue_size - self._queued
+
+    def admit(self, count: int, unit: str = "image(s)", *, oversize_is_400: bool = True) -> None:
+        """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless the queue has room for all now.
+
+        Raises:
+            BadRequest: with ``oversize_is_400``, ``count`` exceeds the whole ``queue_size``: it
+                could never be admitted, so a 400, not a 503 to retry.
+            Unavailable: the queue has no room for all of them now (503, Retry-After).
+        """
+        if oversize_is_400 and count > self.config.queue_size:
+            raise BadRequest(
+                f"model {self.name} admits at most {self.config.queue_size} {unit.removesuffix('(s)')}s in one "
+                f"request (its queue_size); this one has {count}. Send them in several requests"
+            )
+        if self.room < count:
+            raise Unavailable(
+                f"model {self.name}: the queue is full for this request (room for {max(self.room, 0)} {unit}, "
+                f"it has {count}); retry shortly"
+            )
 
     def deadline(self, timeout: float | None = None) -> float:
         """The deadline, on this batcher's clock, of a request arriving now.

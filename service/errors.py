@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service import metrics
+from service import accounting
 
 log = logging.getLogger(__name__)
 
@@ -176,15 +176,22 @@ def _count_refused_inference(request: Request) -> None:
     name = request.path_params.get("name")
     if name is None or request.method != "POST":
         return
-    labels = (metrics.UNKNOWN_MODEL, "")
     repository = getattr(getattr(request.app.state, "server", None), "repository", None)
-    if repository is not None:
-        try:
-            model = repository.get(name)
-            labels = (model.name, str(model.version))
-        except ModelNotFound:
-            pass
-    metrics.observe_request(*labels, "client_error", None)
+    accounting.count_refused(accounting.labels_for(repository, name, None), "client_error")
+
+
+def unexpected(exc: BaseException, where: str) -> ProblemError:
+    """The last-resort answer to a bug of ours: logs ``exc`` with its traceback, returns a bare 500.
+
+    Every path that catches an unexpected exception (the error handlers, the request-id
+    middleware, the v2 routes) answers with this, so no internals leak to the client.
+
+    Args:
+        exc: the exception caught.
+        where: what was being served, for the log line (e.g. the request id or the path).
+    """
+    log.error("unhandled error in %s", where, exc_info=exc)
+    return ProblemError("an unexpected server error; see the server log")
 
 
 def install_handlers(app: FastAPI) -> None:
@@ -208,6 +215,5 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        log.exception("unhandled error", extra={"request_id": request_id(request)})
-        error = ProblemError("an unexpected server error; see the server log")
+        error = unexpected(exc, f"request {request_id(request)}")
         return error_response_for(request.url.path, error, request_id(request))

@@ -22,12 +22,10 @@ import numpy as np
 from service import metrics, tracing
 from service.batching import InferenceResult
 from service.errors import (
-    BadRequest,
     DeadlineExceeded,
     ImageProcessingFailed,
     PayloadTooLarge,
     ProblemError,
-    Unavailable,
 )
 from service.images import DecodedImage, decode_image, decoded_pixels
 from service.pixel_budget import PixelBudget
@@ -266,26 +264,6 @@ async def _submit(
     return dataclasses.replace(outcome, result=result)
 
 
-def _admit(model: ModelVersion, count: int) -> None:
-    """Refuse the whole request (503) unless the queue has room for all its ``count`` images.
-
-    Raises:
-        BadRequest: the request has more images than the whole queue holds; it could never be
-            admitted, so it is a 400, not a 503 to retry.
-        Unavailable: the queue has no room for all of them now (503).
-    """
-    if count > model.batcher.config.queue_size:
-        raise BadRequest(
-            f"model {model.name}/{model.version} admits at most {model.batcher.config.queue_size} images in one "
-            f"request (its queue_size); this one has {count}. Send them in several requests"
-        )
-    if model.batcher.room < count:
-        raise Unavailable(
-            f"model {model.name}/{model.version}: the queue is full for this request (room for "
-            f"{max(model.batcher.room, 0)} image(s), it has {count}); retry shortly"
-        )
-
-
 async def infer_images(
     model: ModelVersion,
     payloads: list[bytes],
@@ -332,9 +310,10 @@ async def infer_images(
         One outcome per payload, in request order; an image's own errors are in its outcome.
 
     Raises:
-        Unavailable: the queue has no room for the whole request (503, Retry-After).
+        BadRequest, Unavailable: from :meth:`~service.batching.Batcher.admit`: more images than
+            the whole queue holds (400), or no room for all of them now (503, Retry-After).
     """
-    _admit(model, len(payloads))
+    model.batcher.admit(len(payloads))
     limits = limits or DecodeLimits()
     slots = asyncio.Semaphore(decode_parallelism)
     works = [_Work(i, data) for i, data in enumerate(payloads)]
@@ -357,19 +336,20 @@ async def infer_images(
             for work in works
         )
     )
-    _admit(model, sum(x is not None for _, x in decoded))
+    model.batcher.admit(sum(x is not None for _, x in decoded))
     return list(await asyncio.gather(*(_submit(model, outcome, x, deadline) for outcome, x in decoded)))
 
 
-def server_timing(outcomes: list[ImageOutcome]) -> str:
-    """The ``Server-Timing`` header value (W3C Server Timing): decode, queue and compute in ms.
+def timings(outcomes: list[ImageOutcome]) -> dict[str, float]:
+    """Decode, queue and compute seconds of a request, for ``Server-Timing``.
 
     With several images each figure is the largest among them (what the client waited for).
     """
-    decode = max(o.decode_seconds for o in outcomes)
-    queue = max((o.result.queue_seconds for o in outcomes if o.result), default=0.0)
-    compute = max((o.result.compute_seconds for o in outcomes if o.result), default=0.0)
-    return f"decode;dur={decode * 1e3:.3f}, queue;dur={queue * 1e3:.3f}, compute;dur={compute * 1e3:.3f}"
+    return {
+        "decode": max(o.decode_seconds for o in outcomes),
+        "queue": max((o.result.queue_seconds for o in outcomes if o.result), default=0.0),
+        "compute": max((o.result.compute_seconds for o in outcomes if o.result), default=0.0),
+    }
 
 
 def response_body(
@@ -382,8 +362,8 @@ def response_body(
     """The JSON body: one image's response, or ``{"results": [...]}`` for several.
 
     Args:
-        render: builds the task-specific fields (``predictions`` or ``detections``) of one
-            successful outcome.
+        render: builds the task's fields of one successful outcome
+            (:meth:`service.tasks.Task.fields`).
 
     Raises:
         ProblemError: a single-image request whose image failed (its own status code).

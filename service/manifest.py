@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 SCHEMA_VERSION = 1
 
@@ -180,19 +180,39 @@ class Manifest(_Strict):
     """``model.json``: the contract between ``export/`` and ``service/``."""
 
     schema_version: Literal[1]
-    task: Literal["classification", "detection"]
+    task: str = Field(
+        description="A registered task's name (service.tasks): what the model's own route does with its outputs."
+    )
     description: str = ""
     input: TensorSpec
-    outputs: list[str] = Field(min_length=1)
+    outputs: list[str] = Field(min_length=1, description="The graph outputs served, in graph order.")
+    roles: dict[str, str] | None = Field(
+        None,
+        description="Output role -> name in outputs, e.g. {'logits': 'pred_logits', 'boxes': 'pred_boxes', "
+        "'embedding': 'embedding'}; None: the task's roles in the order of outputs (the form written before "
+        "roles had names). A role a companion task reads (embedding) makes the model serve that task too.",
+    )
+    task_options: dict[str, Any] | None = Field(
+        None, description="The task's post-processing variant and its parameters (the task's Options; None: defaults)."
+    )
     preprocessing: Preprocessing
     labels: list[str] = Field(
-        min_length=1, description="Index -> name; detection lists the no-object class last, as DETR does."
+        min_length=1, description="Index -> name; a DETR detector lists the no-object class last, as DETR does."
     )
     provenance: Provenance
     batching: Batching | None = Field(None, description="Overrides of the server's batching settings.")
     attention: AttentionSpec | None = Field(
         None, description="A ViT's attention-weights output (enables ?render=png on classify); None: not exported."
     )
+
+    @field_validator("task")
+    @classmethod
+    def _registered_task(cls, task: str) -> str:
+        from service import tasks  # the registry imports the task modules, which import this one
+
+        if task not in tasks.names():
+            raise ValueError(f"unknown task {task!r}; registered tasks: {', '.join(tasks.names())}")
+        return task
 
     @model_validator(mode="after")
     def _consistent(self) -> Manifest:
@@ -201,9 +221,19 @@ class Manifest(_Strict):
             raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
         if self.attention is not None and self.attention.output not in self.outputs:
             raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
-        if self.task == "detection" and (self.preprocessing.resize == "center_crop" or self.preprocessing.crop_size):
-            # Boxes are mapped back through the whole input frame; a crop would cut objects off.
-            raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
+        from service import tasks
+
+        task = tasks.get(self.task)
+        if self.roles is not None and not set(self.roles.values()) <= set(self.outputs):
+            raise ValueError(f"roles {self.roles} name outputs that are not in outputs {self.outputs}")
+        try:
+            tasks.options(self)
+        except ValidationError as exc:
+            raise ValueError(f"task_options is not what a {self.task} model takes: {exc}") from None
+        task.check_manifest(self)
+        missing = [role for role in task.roles if role not in tasks.role_outputs(self)]
+        if missing:
+            raise ValueError(f"a {self.task} model needs the output role(s) {missing}; roles: {self.roles}")
         return self
 
 

@@ -9,7 +9,8 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ProblemError, problem_response
+from service.api.responses import server_timing
+from service.errors import problem_response, unexpected
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +42,7 @@ class RequestIdMiddleware:
             if message["type"] == "http.response.start":
                 headers = [(k, v) for k, v in message.get("headers", []) if k != b"server-timing"]
                 timing = next((v for k, v in message.get("headers", []) if k == b"server-timing"), b"")
-                total = f"total;dur={(time.perf_counter() - started) * 1e3:.3f}".encode()
+                total = server_timing(total=time.perf_counter() - started).encode()
                 headers.append((b"server-timing", timing + b", " + total if timing else total))
                 headers.append((b"x-request-id", rid.encode("latin-1")))
                 message = {**message, "headers": headers}
@@ -56,13 +57,12 @@ class RequestIdMiddleware:
 
         try:
             await self.app(scope, receive, send_tracking)
-        except Exception:
+        except Exception as exc:
             # A bug of ours: answer with a problem carrying this request's id and timing (the
             # outermost error handler would answer without them), or, if the response had
             # already started, let the server close the connection.
-            log.exception("unhandled error in request %s", rid)
             if started_response:
+                log.exception("unhandled error in request %s", rid)
                 raise
-            error = ProblemError("an unexpected server error; see the server log")
-            response = problem_response(error, rid)
+            response = problem_response(unexpected(exc, f"request {rid}"), rid)
             await response(scope, receive, send_with_id)

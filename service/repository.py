@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import numpy as np
 
+from service import tasks
 from service.batching import Batcher, BatchingConfig
 from service.cpus import ThreadPlan
 from service.errors import ModelNotFound, RepositoryError
@@ -83,6 +84,7 @@ class ModelVersion:
         return {
             "version": str(self.version),
             "task": self.manifest.task,
+            "serves": [task.verb for task in tasks.served_tasks(self.manifest)],  # POST /v1/models/{name}/{verb}
             "input": {
                 "name": self.manifest.input.name,
                 "shape": self.manifest.input.shape,

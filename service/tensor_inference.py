@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from service import tasks
 from service.batching import InferenceResult
-from service.errors import BadRequest, ProblemError, Unavailable
+from service.errors import BadRequest, ProblemError
 from service.inference_protocol import ORT_DATATYPES, InferRequest, OutputTensor, RequestedOutput, datatype_of
 from service.repository import ModelVersion
+from service.tasks import classification
 
 
 @dataclass(frozen=True)
@@ -146,14 +148,13 @@ async def infer_tensors(
     """
     x = _checked_input(model, request, max_rows)
     requested = _requested(model, request)
-    if model.batcher.room < x.shape[0]:  # admitted whole or not at all, as /v1 requests are
-        raise Unavailable(
-            f"model {model.name}/{model.version}: the queue is full for this request (room for "
-            f"{max(model.batcher.room, 0)} row(s), it has {x.shape[0]}); retry shortly"
-        )
+    # Admitted whole or not at all, as /v1 requests are; an oversized batch stays a 503 here, as it was.
+    model.batcher.admit(x.shape[0], "row(s)", oversize_is_400=False)
     for output in requested:
-        if output.classification and model.manifest.task != "classification":
-            raise BadRequest(f"output {output.name!r}: the classification extension needs a classification model")
+        if output.classification and not tasks.serves(model.manifest, classification.TASK):
+            raise BadRequest(
+                f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
+            )
     rows = await asyncio.gather(
         *(model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])),
         return_exceptions=True,

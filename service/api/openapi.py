@@ -1,4 +1,6 @@
-"""OpenAPI declarations shared by the routes: problem+json responses and response bodies.
+"""OpenAPI declarations shared by the routes: problem+json responses and the results wrapper.
+
+Each task's own result schema lives with the task (``service.tasks``, ``Task.result_schema``).
 
 Every status a route can answer is declared with its media type, so the document can be
 checked against the server (``tests/service/test_openapi.py`` runs schemathesis on it).
@@ -62,65 +64,6 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     return responses
 
 
-_IMAGE_SIZE = {
-    "type": "object",
-    "required": ["width", "height"],
-    "properties": {"width": {"type": "integer", "minimum": 1}, "height": {"type": "integer", "minimum": 1}},
-    "description": "The image's size in pixels as displayed (after EXIF orientation).",
-}
-CLASSIFICATION_SCHEMA: dict[str, Any] = {
-    "title": "Classification",
-    "type": "object",
-    "required": ["model", "version", "image", "predictions"],
-    "properties": {
-        "model": {"type": "string"},
-        "version": {"type": "string"},
-        "image": _IMAGE_SIZE,
-        "predictions": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "required": ["label", "class_id", "score"],
-                "properties": {
-                    "label": {"type": "string"},
-                    "class_id": {"type": "integer", "minimum": 0},
-                    "score": {"type": "number", "minimum": 0, "maximum": 1},
-                },
-            },
-        },
-    },
-}
-
-
-_PIXELS = {"type": "number", "minimum": 0, "description": "pixels of the displayed image"}
-DETECTION_SCHEMA: dict[str, Any] = {
-    "title": "Detection",
-    "type": "object",
-    "required": ["model", "version", "image", "detections"],
-    "properties": {
-        "model": {"type": "string"},
-        "version": {"type": "string"},
-        "image": _IMAGE_SIZE,
-        "detections": {
-            "type": "array",
-            "description": "DETR's set prediction read directly (no NMS), best score first.",
-            "items": {
-                "type": "object",
-                "required": ["label", "class_id", "score", "box"],
-                "properties": {
-                    "label": {"type": "string"},
-                    "class_id": {"type": "integer", "minimum": 0},
-                    "score": {"type": "number", "minimum": 0, "maximum": 1},
-                    "box": {
-                        "type": "object",
-                        "required": ["xmin", "ymin", "xmax", "ymax"],
-                        "properties": {"xmin": _PIXELS, "ymin": _PIXELS, "xmax": _PIXELS, "ymax": _PIXELS},
-                    },
-                },
-            },
-        },
-    },
-}
 # ?render=png (or Accept: image/png): the image with its detections drawn.
 PNG_CONTENT: dict[str, Any] = {"image/png": {"schema": {"type": "string", "format": "binary"}}}
 

@@ -1,7 +1,7 @@
 // patchserve playground: calls this server's own API with fetch(); loads nothing from elsewhere.
 //
-// What a model can do is read from GET /v1/models: a `verbs`/`routes` list when the server
-// gives one, else the verb of its task (classification -> classify, detection -> detect,
+// What a model can do is read from GET /v1/models: the routes each version serves
+// (`serves`), else the verb of its task (classification -> classify, detection -> detect,
 // embedding -> embed). The answer is drawn by its shape, not by the verb: `predictions` as
 // score bars, `detections` as boxes over the image (filtered here by the threshold slider,
 // without posting again), any array of numbers (an embedding) as its first values.
@@ -44,22 +44,10 @@ function clearProblem() {
 }
 
 function verbsOf(model) {
+  // Each version lists the routes it serves (`serves`, e.g. ["classify", "embed"]).
   const verbs = new Set();
-  const add = (value) => {
-    if (typeof value === "string") verbs.add(TASK_VERBS[value] || value);
-    else if (value && typeof value === "object") add(value.verb || value.name);
-  };
-  for (const field of [model.verbs, model.routes, model.tasks]) {
-    if (Array.isArray(field)) field.forEach(add);
-    else if (field && typeof field === "object") Object.keys(field).forEach(add);
-  }
-  for (const version of model.versions || []) {
-    for (const field of [version.verbs, version.routes, version.tasks]) {
-      if (Array.isArray(field)) field.forEach(add);
-      else if (field && typeof field === "object") Object.keys(field).forEach(add);
-    }
-  }
-  if (verbs.size === 0) add(model.task);
+  for (const version of model.versions || []) (version.serves || []).forEach((verb) => verbs.add(verb));
+  if (verbs.size === 0 && TASK_VERBS[model.task]) verbs.add(TASK_VERBS[model.task]);
   return [...verbs];
 }
 

@@ -202,3 +202,26 @@ def test_box_scale_maps_normalised_boxes_to_displayed_pixels() -> None:
     assert preprocess.content_size(640, 480) == (1066, 800)  # (W, H): DETR's 800 / 1333 rule
     # a JPEG draft-decoded at half size still maps [0, 1] onto the displayed 4000 x 3000 pixels
     assert preprocess.box_scale((2000, 1500), (4000, 3000)) == (4000.0, 3000.0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", ["tiny-vit", "tiny-deit-distilled"])
+def test_an_imported_classifier_exports_the_class_token_after_the_final_layernorm(
+    preset: str, hf_repository: Path
+) -> None:
+    import transformers
+
+    folder, out = hf_repository / "checkpoints" / preset, hf_repository / "repository" / preset / "1"
+    manifest = load_manifest(out / "model.json")
+    assert manifest.outputs == ["logits", "embedding"]
+    assert manifest.roles == {"logits": "logits", "embedding": "embedding"}
+    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
+    model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True).eval()
+    backbone = getattr(model, model.base_model_prefix)  # ViTModel / DeiTModel: its output is after the LayerNorm
+    pixel_values = np.random.default_rng(0).normal(size=(3, 3, 32, 32)).astype(np.float32)
+    with torch.no_grad():
+        expected = backbone(pixel_values=torch.from_numpy(pixel_values)).last_hidden_state[:, 0].numpy()  # (3, hidden)
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = dict(zip(manifest.outputs, session.run(None, {"pixel_values": pixel_values}), strict=True))
+    assert got["embedding"].shape == (3, 32)
+    assert float(np.max(np.abs(got["embedding"] - expected))) <= 1e-4

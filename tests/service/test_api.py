@@ -168,7 +168,7 @@ async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_la
 
 
 async def test_a_bug_of_ours_is_a_500_problem_with_headers_and_counted(monkeypatch) -> None:
-    from service import postprocess
+    from service.tasks import classification as postprocess
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")

@@ -69,5 +69,5 @@ def test_attention_field_is_optional_and_checked() -> None:
     data["attention"] = {"output": "attentions", "grid": {"height": 4, "width": 4}}
     with pytest.raises(ValueError, match="not one of outputs"):
         Manifest.model_validate(data)
-    data["outputs"] = ["logits", "attentions"]
+    data["outputs"] = [*data["outputs"], "attentions"]
     assert Manifest.model_validate(data).attention.grid.width == 4

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from service.manifest import load_manifest
-from service.render import font_size
+from service.tasks.detection import font_size
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
 from tests.service.test_api import assert_problem
 from tests.service.test_render import allowed_region, drawn_mask

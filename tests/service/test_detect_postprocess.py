@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 
 from service.manifest import Preprocessing
-from service.postprocess import detect
 from service.preprocess import Preprocessor
+from service.tasks.detection import detect
 
 LABELS = ["cat", "dog", "no-object"]
 

@@ -280,16 +280,21 @@ def test_the_playground_in_a_browser_shows_what_the_api_answers(browser, tmp_pat
         _wait_for_answer(driver, "detr-digits/detect:canvas.png")
         assert _drawn_boxes(driver) == len(at_half)
 
-        # What a model can do comes from /v1/models; an embedding (issue 16's task) would show its values.
-        verbs = driver.execute_script(
-            "return [verbsOf({task: 'embedding'}), verbsOf({task: 'detection', versions: []}),"
-            " verbsOf({task: 'classification', versions: [{tasks: ['classification', 'embedding']}]}),"
-            " verbsOf({task: 'classification', verbs: ['classify', 'embed']})]"
-        )
-        assert verbs == [["embed"], ["detect"], ["classify", "embed"], ["classify", "embed"]]
-        driver.execute_script("showVector({model: 'm', embedding: [0.6, 0.8, 0.0, 0.0]})")
-        assert driver.find_element("id", "vector-summary").text.startswith("embedding: 4 values, L2 norm 1.000")
-        assert driver.find_element("id", "vector-values").text == "0.6000, 0.8000, 0.0000, 0.0000"
+        # What a model can do comes from /v1/models (`serves`): vit-digits classifies and embeds,
+        # so the page offers both, and the embedding is shown as its first values.
+        digit = EXAMPLES / "digit-7.png"
+        _choose_model(driver, "vit-digits")
+        assert driver.find_element("id", "verb-field").is_displayed()
+        verbs = [o.get_attribute("value") for o in Select(driver.find_element("id", "verb")).options]
+        assert verbs == api.get("/v1/models/vit-digits").json()["versions"][-1]["serves"] == ["classify", "embed"]
+        Select(driver.find_element("id", "verb")).select_by_value("embed")
+        driver.find_element("id", "file").send_keys(str(digit))
+        _wait_for_answer(driver, "vit-digits/embed:digit-7.png")
+        vector = api.post("/v1/models/vit-digits/embed", files={"image": digit.read_bytes()}).json()["embedding"]
+        summary = driver.find_element("id", "vector-summary").text
+        assert summary.startswith(f"embedding: {len(vector)} values, L2 norm 1.000"), summary
+        shown = [float(x) for x in driver.find_element("id", "vector-values").text.split(", ")]
+        assert shown == pytest.approx(vector[: len(shown)], abs=1e-4) and len(shown) == 8
 
         driver.get(url + "/docs")
         WebDriverWait(driver, 60).until(lambda d: d.find_elements("css selector", ".opblock"))

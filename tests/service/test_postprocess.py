@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from service.postprocess import classify, softmax
+from service.postprocess import softmax
+from service.tasks.classification import classify
 
 
 def test_softmax_by_hand() -> None:

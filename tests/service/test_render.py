@@ -7,7 +7,8 @@ import io
 import numpy as np
 from PIL import Image
 
-from service.render import PALETTE, draw_detections, font_size, line_width, png_bytes
+from service.render import png_bytes
+from service.tasks.detection import PALETTE, draw_detections, font_size, line_width
 
 
 def _detection(class_id: int, score: float, xmin: float, ymin: float, xmax: float, ymax: float) -> dict:

@@ -24,8 +24,10 @@ def test_io_binding_on_the_cpu_gives_the_same_outputs_as_a_plain_run() -> None:
     for n in (1, 7):
         x = digits_batch(n)
         expected, got = plain.run(x), bound.run(x)
-        assert list(got) == ["logits"] and got["logits"].shape == (n, 10) and got["logits"].dtype == np.float32
-        np.testing.assert_array_equal(got["logits"], expected["logits"])
+        assert list(got) == ["logits", "embedding"] and got["logits"].shape == (n, 10)
+        assert got["logits"].dtype == got["embedding"].dtype == np.float32 and got["embedding"].shape == (n, 32)
+        for name in got:
+            np.testing.assert_array_equal(got[name], expected[name])
 
 
 def test_io_binding_outputs_do_not_alias_the_input_buffer() -> None:

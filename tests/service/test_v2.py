@@ -13,8 +13,8 @@ import pytest
 
 from service.images import decode_image
 from service.manifest import load_manifest
-from service.postprocess import classify
 from service.preprocess import Preprocessor
+from service.tasks.classification import classify
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
 
 pytestmark = pytest.mark.anyio
@@ -105,7 +105,10 @@ async def test_model_metadata_ready_and_config() -> None:
             "versions": ["1"],
             "platform": "onnxruntime_onnx",
             "inputs": [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 1, 8, 8]}],
-            "outputs": [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}],
+            "outputs": [
+                {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+                {"name": "embedding", "datatype": "FP32", "shape": [-1, 32]},  # issue 16: vit-digits embeds
+            ],
         }
     )
     assert ready.status_code == 200 and ready.json()["ready"] is True
@@ -116,7 +119,10 @@ async def test_model_metadata_ready_and_config() -> None:
     assert config["input"] == [
         {"name": "pixel_values", "data_type": "TYPE_FP32", "format": "FORMAT_NCHW", "dims": [1, 8, 8]}
     ]
-    assert config["output"] == [{"name": "logits", "data_type": "TYPE_FP32", "dims": [10]}]
+    assert config["output"] == [
+        {"name": "logits", "data_type": "TYPE_FP32", "dims": [10]},
+        {"name": "embedding", "data_type": "TYPE_FP32", "dims": [32]},
+    ]
 
 
 async def test_json_infer_equals_v1_classify_on_the_same_tensor() -> None:
@@ -129,7 +135,8 @@ async def test_json_infer_equals_v1_classify_on_the_same_tensor() -> None:
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     body = response.json()
     assert body["model_name"] == "vit-digits" and body["model_version"] == "1" and body["id"] == "req-1"
-    (output,) = body["outputs"]
+    assert [o["name"] for o in body["outputs"]] == ["logits", "embedding"]  # every output unless some are asked for
+    output = body["outputs"][0]
     assert output["name"] == "logits" and output["datatype"] == "FP32" and output["shape"] == [1, 10]
     logits = np.asarray(output["data"], np.float32).reshape(1, 10)
     predictions = classify(logits[0], MANIFEST.labels, 10)
@@ -163,7 +170,9 @@ async def test_per_output_binary_flag_and_gzip_request_body() -> None:
         json_out = await client.post(INFER, content=body, headers=headers)  # binary in, JSON out
         gzipped = await client.post(INFER, content=gzip.compress(body), headers={**headers, "Content-Encoding": "gzip"})
         deflated = await client.post(
-            INFER, content=zlib.compress(orjson.dumps(json_request(x))), headers={"Content-Encoding": "deflate"}
+            INFER,
+            content=zlib.compress(orjson.dumps(json_request(x, outputs=[{"name": "logits"}]))),
+            headers={"Content-Encoding": "deflate"},
         )
     assert json_out.headers["content-type"] == "application/json"
     assert "inference-header-content-length" not in json_out.headers

@@ -61,7 +61,10 @@ def test_perf_analyzers_random_bytes_are_run_and_json_stays_valid(server: str, m
     for output in config["output"]:
         values = result.as_numpy(output["name"])
         assert values.shape[0] == 2 and values.dtype == np.float32
-    assert config["max_batch_size"] == 32 and config["instance_group"][0]["count"] == 2
-    assert config["dynamic_batching"]["preferred_batch_size"] == [8]
+    # What config says is what the server runs: the sessions and batch size GET /v1/models reports.
+    auth = {"Authorization": f"Bearer {KEY}"}  # tritonclient added its own headers to `headers`
+    served = httpx.get(f"{server}/v1/models/{model}", headers=auth).json()["versions"][-1]
+    assert config["max_batch_size"] == 32 and config["instance_group"][0]["count"] == served["instances"]
+    assert config["dynamic_batching"]["preferred_batch_size"] == [served["batching"]["max_batch_size"]]
     health = httpx.get(server + "/v2/health/ready")  # the worker serves on
     assert health.status_code == 200

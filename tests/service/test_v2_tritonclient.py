@@ -17,15 +17,16 @@ import tritonclient.http as triton
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from service import postprocess
 from service.images import decode_image
 from service.manifest import load_manifest
 from service.preprocess import Preprocessor
+from service.tasks import classification
+from service.tasks import detection as detection_task
 from tests.conftest import ROOT, server_process
 
 pytestmark = pytest.mark.slow
 # The detector's /v1 comparisons need POST /v1/models/{name}/detect (issue 4, DETR).
-HAS_DETECT = hasattr(postprocess, "detect")
+HAS_DETECT = hasattr(detection_task, "detect")
 needs_detect = pytest.mark.skipif(not HAS_DETECT, reason="needs the /v1 detect route and postprocess.detect (issue 4)")
 CHELSEA = Path("/work/shared/images/skimage/chelsea.png")
 DIGIT_7 = ROOT / "examples" / "digit-7.png"
@@ -73,7 +74,10 @@ def test_health_and_metadata_through_tritonclient(server) -> None:
     vit = client.get_model_metadata("tiny-vit")
     assert vit["platform"] == "onnxruntime_onnx" and vit["versions"] == ["1"]
     assert vit["inputs"] == [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 3, 32, 32]}]
-    assert vit["outputs"] == [{"name": "logits", "datatype": "FP32", "shape": [-1, 10]}]
+    assert vit["outputs"] == [
+        {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+        {"name": "embedding", "datatype": "FP32", "shape": [-1, 32]},  # issue 16: every imported classifier embeds
+    ]
     detr = client.get_model_metadata("tiny-detr", "1")
     assert detr["inputs"][0]["shape"] == [-1, 3, -1, -1]
     assert [(o["name"], o["shape"]) for o in detr["outputs"]] == [
@@ -96,7 +100,7 @@ def test_classifier_infer_equals_v1_classify(server, model: str, image: Path, bi
     labels = load_manifest(repository / model / "1" / "model.json").labels
     v1 = httpx.post(f"{url}/v1/models/{model}/classify", files={"image": image.read_bytes()}, params={"top_k": 10})
     assert v1.status_code == 200, v1.text
-    ours = postprocess.classify(logits[0], labels, 10)
+    ours = classification.classify(logits[0], labels, 10)
     assert [p["label"] for p in ours] == [p["label"] for p in v1.json()["predictions"]]
     np.testing.assert_allclose([p["score"] for p in ours], [p["score"] for p in v1.json()["predictions"]], atol=1e-6)
 
@@ -170,7 +174,7 @@ def detections_from(out: dict[str, np.ndarray], repository: Path, image: Path, t
     preprocessor = Preprocessor(manifest.preprocessing)
     with Image.open(image) as opened:
         size = opened.size  # (width, height); a PNG is decoded at full size
-    return postprocess.detect(
+    return detection_task.detect(
         out["pred_logits"][0],
         out["pred_boxes"][0],
         manifest.labels,

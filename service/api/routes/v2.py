@@ -21,9 +21,10 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 
-from service import metrics
+from service.accounting import accounted
 from service.api.deps import Repository, State, get_repository
 from service.api.lifetime import requested_timeout, unless_disconnected
+from service.api.responses import server_timing
 from service.api.uploads import read_body
 from service.api.v2_openapi import (
     CONFIG_SCHEMA,
@@ -35,7 +36,7 @@ from service.api.v2_openapi import (
     SERVER_METADATA_SCHEMA,
     v2_responses,
 )
-from service.errors import BadRequest, ProblemError
+from service.errors import BadRequest, ProblemError, unexpected
 from service.inference_protocol import (
     HEADER_LENGTH,
     encode_infer_response,
@@ -72,9 +73,9 @@ class ProtocolRoute(APIRoute):
                 return error_response(400, "; ".join(str(e.get("msg")) for e in exc.errors()) or "invalid request")
             except StarletteHTTPException as exc:
                 return error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
-            except Exception:
-                log.exception("unhandled error in %s %s", request.method, request.url.path)
-                return error_response(500, "an unexpected server error; see the server log")
+            except Exception as exc:
+                error = unexpected(exc, f"{request.method} {request.url.path}")
+                return error_response(error.status, error.detail)
 
         return run
 
@@ -232,13 +233,12 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
     The deadline runs from arrival: the server's ``request_timeout``, shortened by ``?timeout=``
     or ``X-Request-Timeout`` (seconds, as on ``/v1``) and by the request's ``timeout``
     parameter (microseconds, Triton's). Once the body is read, a client that disconnects
-    cancels the work (its queued rows are dropped), counted as ``cancelled``.
+    cancels the work (its queued rows are dropped), counted as ``cancelled``; a failure of
+    ours (an unexpected exception) is counted as ``error`` before the route answers 500.
     """
-    started = time.perf_counter()
-    labels = (metrics.UNKNOWN_MODEL, "")
-    try:
+    with accounted(request.state) as account:
         model = (await get_repository(request)).get(name, version)
-        labels = (model.name, str(model.version))
+        account.model(model.name, model.version)
         arrived = model.batcher.clock.now()
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         settings = state.settings
@@ -253,13 +253,8 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
             request, infer_tensors(model, parsed, max_rows=settings.max_images_per_request, deadline=deadline)
         )
         content, headers = encode_infer_response(model.name, str(model.version), parsed.id, outcome.outputs)
-    except ProblemError as exc:
-        metrics.observe_request(*labels, exc.outcome, time.perf_counter() - started)
-        raise
-    metrics.observe_request(*labels, "success", time.perf_counter() - started)
-    headers["Server-Timing"] = (
-        f"decode;dur={parse_seconds * 1e3:.3f}, queue;dur={outcome.queue_seconds * 1e3:.3f}, "
-        f"compute;dur={outcome.compute_seconds * 1e3:.3f}"
+    headers["Server-Timing"] = server_timing(
+        decode=parse_seconds, queue=outcome.queue_seconds, compute=outcome.compute_seconds
     )
     return Response(content, media_type=headers.pop("Content-Type"), headers=headers)
 

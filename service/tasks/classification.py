@@ -1,0 +1,110 @@
+"""Classification: a classifier's logits -> the top-k labels with softmax scores.
+
+Route ``POST /v1/models/{name}/classify?top_k=5``; output role ``logits`` (B, num_classes).
+``render=png`` draws the attention rollout over the image, for a ViT exported with its
+attention maps (the manifest's ``attention``).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, Field
+
+from service import attention
+from service.errors import InvalidParameter
+from service.postprocess import softmax
+from service.tasks.base import BaseTask, output, register, result_schema
+
+if TYPE_CHECKING:
+    from service.inference import ImageOutcome
+    from service.repository import ModelVersion
+
+
+def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str, Any]]:
+    """The ``top_k`` classes of one image, best first.
+
+    Args:
+        logits: float array (num_classes,), raw scores for one image.
+        labels: class index -> name, ``len(labels) == num_classes``.
+        top_k: how many to return, >= 1; clamped to ``num_classes`` (as the Hugging Face
+            image-classification pipeline does).
+
+    Returns:
+        ``[{"label": str, "class_id": int, "score": float}, ...]``, scores are softmax
+        probabilities in [0, 1], sorted descending; ties keep the lower class id first.
+    """
+    if logits.ndim != 1 or logits.shape[0] != len(labels):
+        raise ValueError(f"expected logits ({len(labels)},), got {logits.shape}")
+    probabilities = softmax(logits)
+    k = min(top_k, len(labels))
+    order = np.argsort(-probabilities, kind="stable")[:k]
+    return [{"label": labels[i], "class_id": int(i), "score": float(probabilities[i])} for i in order]
+
+
+class ClassifyParams(BaseModel):
+    """``classify``'s query parameters."""
+
+    top_k: int = Field(5, ge=1, description="How many classes to return; clamped to the label count")
+    render: Literal["json", "png"] | None = Field(
+        None,
+        description="png: the attention-rollout heat map over the image (a ViT with attention maps; one image)",
+    )
+
+
+_PREDICTIONS = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "required": ["label", "class_id", "score"],
+        "properties": {
+            "label": {"type": "string"},
+            "class_id": {"type": "integer", "minimum": 0},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+        },
+    },
+}
+
+
+class Classification(BaseTask):
+    """Image classification: the top-k classes of each image (:func:`classify`)."""
+
+    name = "classification"
+    verb = "classify"
+    summary = "Classify one or more images"
+    roles = ("logits",)
+    Params = ClassifyParams
+    result_schema = result_schema("Classification", {"predictions": _PREDICTIONS})
+    picture_help = "the attention-rollout heat map over the image (a ViT exported with attention maps)"
+
+    def fields(self, model: ModelVersion, outcome: ImageOutcome, params: ClassifyParams) -> dict[str, Any]:
+        """``{"predictions": [...]}``: :func:`classify` of the ``logits`` row."""
+        return {"predictions": classify(output(model, outcome, "logits"), model.manifest.labels, params.top_k)}
+
+    def picture(
+        self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: ClassifyParams
+    ) -> bytes:
+        """The attention rollout over the displayed image, captioned with the top class.
+
+        Raises:
+            InvalidParameter: the graph exports no attention maps (422).
+        """
+        spec = model.manifest.attention
+        if spec is None:
+            raise InvalidParameter(
+                f"model {model.name!r} version {model.version} exports no attention maps, so render=png has "
+                "nothing to draw; ask for JSON, or use a ViT exported with them (e.g. vit-cifar10)"
+            )
+        decoded, top = outcome.image, fields["predictions"][0]
+        return attention.render_png(
+            decoded.image,
+            (decoded.width, decoded.height),
+            outcome.result.outputs[spec.output],
+            (spec.grid.height, spec.grid.width),
+            model.preprocessor,
+            caption=f"{top['label']} {top['score']:.2f}",
+        )
+
+
+TASK = register(Classification())

@@ -1,0 +1,236 @@
+"""Detection: DETR's set prediction read directly (no NMS), and the detections drawn on the image.
+
+Route ``POST /v1/models/{name}/detect?threshold=0.5&max_detections=100``; output roles
+``logits`` (B, Q, num_classes + 1, no-object last) and ``boxes`` (B, Q, 4), normalised
+(cx, cy, w, h) of the model input. The post-processing's variant is the manifest's
+``task_options.scores`` (only ``"softmax"``, DETR's with a no-object class, so far).
+
+The picture (``render=png``) is the image as the client displays it (EXIF orientation applied,
+full size), in the colour mode the model reads, with each detection's box outlined and its
+label and score written in a filled tag at the box's top-left corner (above the box where
+there is room). Lower scores are drawn first, so the best detection is on top where boxes
+overlap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+from PIL import Image, ImageDraw, ImageFont
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.postprocess import softmax
+from service.render import displayed_canvas, png_bytes
+from service.tasks.base import BaseTask, output, register, result_schema
+
+if TYPE_CHECKING:
+    from service.inference import ImageOutcome
+    from service.manifest import Manifest
+    from service.repository import ModelVersion
+
+
+def detect(
+    logits: np.ndarray,
+    boxes: np.ndarray,
+    labels: list[str],
+    *,
+    threshold: float,
+    max_detections: int,
+    box_scale: tuple[float, float],
+    image_size: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """DETR's set prediction for one image, read directly: no NMS, no matching.
+
+    Each query's class probabilities are a softmax over all classes; its best class other than
+    "no object" (the last) and that class's probability are its label and score (DETR's
+    ``PostProcess``). Queries scoring at least ``threshold`` are kept, best first.
+
+    Args:
+        logits: float (num_queries, num_classes + 1) raw class scores, "no object" last.
+        boxes: float (num_queries, 4) boxes (cx, cy, w, h) normalised to [0, 1] of the model's
+            input frame.
+        labels: class index -> name, ``len(labels) == num_classes + 1``, "no object" last.
+        threshold: the lowest score kept, in [0, 1].
+        max_detections: the most detections returned, >= 1 (the best ones).
+        box_scale: (sx, sy), pixels of the displayed image per unit of normalised input
+            coordinate (:meth:`service.preprocess.Preprocessor.box_scale`).
+        image_size: (width, height) of the displayed image; boxes are clipped to it.
+
+    Returns:
+        ``[{"label", "class_id", "score", "box": {"xmin", "ymin", "xmax", "ymax"}}, ...]``,
+        boxes in pixels of the displayed image (x right, y down, edges), sorted by score
+        descending (ties keep the lower query index first).
+    """
+    if logits.ndim != 2 or logits.shape[1] != len(labels) or boxes.shape != (logits.shape[0], 4):
+        raise ValueError(f"expected logits (Q, {len(labels)}) and boxes (Q, 4), got {logits.shape} and {boxes.shape}")
+    probabilities = softmax(logits)[:, :-1]  # (Q, num_classes): "no object" dropped
+    class_ids = np.argmax(probabilities, axis=1)  # (Q,)
+    scores = probabilities[np.arange(len(class_ids)), class_ids]  # (Q,)
+    order = np.argsort(-scores, kind="stable")
+    order = order[scores[order] >= threshold][:max_detections]
+
+    cx, cy, w, h = boxes[order].astype(np.float64).T  # each (K,)
+    sx, sy = box_scale
+    width, height = image_size
+    xmin = np.clip((cx - w / 2) * sx, 0, width)
+    ymin = np.clip((cy - h / 2) * sy, 0, height)
+    xmax = np.clip((cx + w / 2) * sx, 0, width)
+    ymax = np.clip((cy + h / 2) * sy, 0, height)
+    return [
+        {
+            "label": labels[c],
+            "class_id": int(c),
+            "score": float(s),
+            "box": {"xmin": float(x0), "ymin": float(y0), "xmax": float(x1), "ymax": float(y1)},
+        }
+        for c, s, x0, y0, x1, y1 in zip(class_ids[order], scores[order], xmin, ymin, xmax, ymax, strict=True)
+    ]
+
+
+# Distinct colours (Tableau 10), one per class id, cycling.
+PALETTE = [
+    (78, 121, 167),
+    (242, 142, 43),
+    (225, 87, 89),
+    (118, 183, 178),
+    (89, 161, 79),
+    (237, 201, 72),
+    (176, 122, 161),
+    (255, 157, 167),
+    (156, 117, 95),
+    (186, 176, 172),
+]
+
+
+def line_width(width: int, height: int) -> int:
+    """Outline width in pixels: 1 px per 256 px of the image's longer side, at least 1."""
+    return max(1, round(max(width, height) / 256))
+
+
+def font_size(width: int, height: int) -> int:
+    """Label text size in pixels: 10 px, larger for images over 400 px."""
+    return max(10, round(max(width, height) / 40))
+
+
+def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], size: tuple[int, int]) -> Image.Image:
+    """Draw ``detections`` on ``image`` shown at ``size``.
+
+    Args:
+        image: the decoded image (EXIF orientation applied), any mode; resized to ``size``
+            when it was decoded smaller (a JPEG in draft mode).
+        detections: :func:`detect`'s list, boxes in pixels of ``size``.
+        size: (width, height) of the displayed image, in pixels.
+
+    Returns:
+        A new RGB image of ``size``.
+    """
+    canvas = displayed_canvas(image, size)
+    width, height = canvas.size
+    stroke = line_width(width, height)
+    font = ImageFont.load_default(size=font_size(width, height))
+    draw = ImageDraw.Draw(canvas)
+    for det in sorted(detections, key=lambda d: d["score"]):
+        colour = PALETTE[det["class_id"] % len(PALETTE)]
+        box = det["box"]
+        x0, y0 = round(box["xmin"]), round(box["ymin"])
+        x1, y1 = max(x0, round(box["xmax"]) - 1), max(y0, round(box["ymax"]) - 1)  # edges -> last pixel
+        draw.rectangle((x0, y0, x1, y1), outline=colour, width=stroke)
+        text = f"{det['label']} {det['score']:.2f}"
+        left, top, right, bottom = draw.textbbox((0, 0), text, font=font)
+        tag_w, tag_h = right - left + 2, bottom - top + 2
+        tag_y = y0 - tag_h if y0 - tag_h >= 0 else y0  # above the box, else inside it
+        draw.rectangle((x0, tag_y, x0 + tag_w - 1, tag_y + tag_h - 1), fill=colour)
+        draw.text((x0 + 1 - left, tag_y + 1 - top), text, fill=(0, 0, 0), font=font)
+    return canvas
+
+
+class DetectParams(BaseModel):
+    """``detect``'s query parameters."""
+
+    threshold: float = Field(0.5, ge=0, le=1, description="Lowest score returned")
+    max_detections: int = Field(
+        100, ge=1, description="Most detections returned, best first; clamped to the number of queries"
+    )
+    render: Literal["json", "png"] | None = Field(
+        None, description="png: the image with its detections drawn (one image only)"
+    )
+
+
+class DetectOptions(BaseModel):
+    """The manifest's ``task_options`` for a detector: which post-processing its outputs need."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    scores: Literal["softmax"] = Field(
+        "softmax", description="softmax over classes with the no-object class last (DETR, YOLOS)"
+    )
+
+
+_PIXELS = {"type": "number", "minimum": 0, "description": "pixels of the displayed image"}
+_DETECTIONS = {
+    "type": "array",
+    "description": "DETR's set prediction read directly (no NMS), best score first.",
+    "items": {
+        "type": "object",
+        "required": ["label", "class_id", "score", "box"],
+        "properties": {
+            "label": {"type": "string"},
+            "class_id": {"type": "integer", "minimum": 0},
+            "score": {"type": "number", "minimum": 0, "maximum": 1},
+            "box": {
+                "type": "object",
+                "required": ["xmin", "ymin", "xmax", "ymax"],
+                "properties": {"xmin": _PIXELS, "ymin": _PIXELS, "xmax": _PIXELS, "ymax": _PIXELS},
+            },
+        },
+    },
+}
+
+
+class Detection(BaseTask):
+    """Object detection with a set predictor (DETR): :func:`detect`, boxes in displayed pixels."""
+
+    name = "detection"
+    verb = "detect"
+    summary = "Detect objects in one or more images"
+    roles = ("logits", "boxes")
+    Params = DetectParams
+    Options = DetectOptions
+    result_schema = result_schema("Detection", {"detections": _DETECTIONS})
+    picture_help = "the image with its detections drawn"
+
+    def check_manifest(self, manifest: Manifest) -> None:
+        """A detector takes no crop: its boxes map back through the whole input frame.
+
+        Raises:
+            ValueError: ``center_crop`` or ``crop_size`` in its preprocessing.
+        """
+        if manifest.preprocessing.resize == "center_crop" or manifest.preprocessing.crop_size:
+            raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
+
+    def fields(self, model: ModelVersion, outcome: ImageOutcome, params: DetectParams) -> dict[str, Any]:
+        """``{"detections": [...]}`` in pixels of the image as displayed (EXIF applied), clipped to it."""
+        decoded = outcome.image
+        displayed = (decoded.width, decoded.height)
+        detections = detect(
+            output(model, outcome, "logits"),
+            output(model, outcome, "boxes"),
+            model.manifest.labels,
+            threshold=params.threshold,
+            max_detections=params.max_detections,
+            box_scale=model.preprocessor.box_scale(decoded.size, displayed),
+            image_size=displayed,
+        )
+        return {"detections": detections}
+
+    def picture(
+        self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: DetectParams
+    ) -> bytes:
+        """The displayed image with ``fields["detections"]`` drawn, as PNG."""
+        decoded = outcome.image
+        return png_bytes(draw_detections(decoded.image, fields["detections"], (decoded.width, decoded.height)))
+
+
+TASK = register(Detection())
