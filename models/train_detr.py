@@ -55,6 +55,8 @@ PREPROCESSING = {
     "mean": [0.0],
     "std": [1.0],
     "pad_value": 0,
+    # light ink on a dark canvas: a transparent pixel is the dark background
+    "background": (0, 0, 0),
 }
 TRAINING_DATA = (
     "synthetic digits detection (models/detection_data.py, seed 2020): scikit-learn digits at 12-32 px on "

@@ -38,6 +38,8 @@ PREPROCESSING = {
     "scale": 1 / 255,
     "mean": [0.0],
     "std": [1.0],
+    # light ink on black: a transparent pixel is the background the digits are drawn on
+    "background": (0, 0, 0),
 }
 TRAINING_DATA = "scikit-learn digits (1,797 8x8 images), stratified 80/20 split, random_state 0: 1,437 train, 360 test"
 

@@ -71,6 +71,16 @@ def _timings(header: bytes) -> dict[str, float]:
     return {f"{name}_ms": float(ms) for name, ms in _TIMING.findall(header.decode("latin-1")) if name != "total"}
 
 
+MAX_LOGGED_PATH = 256  # characters of a request path the access log keeps; a client picks its length
+
+
+def logged_path(path: str) -> str:
+    """``path`` as the access log writes it: cut to :data:`MAX_LOGGED_PATH` characters, saying how many were dropped."""
+    if len(path) <= MAX_LOGGED_PATH:
+        return path
+    return f"{path[:MAX_LOGGED_PATH]}...(+{len(path) - MAX_LOGGED_PATH} characters)"
+
+
 class AccessLogMiddleware:
     """Pure ASGI: logs one structured line per HTTP request when its response is done.
 
@@ -100,7 +110,7 @@ class AccessLogMiddleware:
             await send(message)
 
         rid = state.get("request_id")
-        self.log.debug("request received %s %s", scope["method"], scope["path"], extra={"request_id": rid})
+        self.log.debug("request received %s %s", scope["method"], logged_path(scope["path"]), extra={"request_id": rid})
         try:
             await self.app(scope, receive, send_and_note)
         except Exception:
@@ -112,7 +122,7 @@ class AccessLogMiddleware:
                 fields: dict[str, Any] = {
                     "request_id": state.get("request_id"),
                     "method": scope["method"],
-                    "path": scope["path"],
+                    "path": logged_path(scope["path"]),
                     "status": response["status"],
                     "model": state.get("model"),
                     "version": state.get("version"),
@@ -122,4 +132,4 @@ class AccessLogMiddleware:
                 }
                 fields = {k: v for k, v in fields.items() if v is not None}
                 text = " ".join(f"{k}={v}" for k, v in fields.items() if k not in ("method", "path"))
-                self.log.log(level, "%s %s %s", scope["method"], scope["path"], text, extra=fields)
+                self.log.log(level, "%s %s %s", scope["method"], fields["path"], text, extra=fields)

@@ -92,6 +92,8 @@ class ModelVersion:
                 "width": self.manifest.input.shape[3],
                 "color_mode": spec.color_mode,
             },
+            # what a client of the raw-tensor /v2 routes must do to an image itself
+            "preprocessing": spec.model_dump(mode="json", exclude_none=True),
             "labels_count": len(self.manifest.labels),
             "provider": self.runner.providers.primary,
             "providers": self.runner.providers.in_use,

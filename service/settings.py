@@ -6,8 +6,10 @@ below them takes plain values, so tests build apps with settings of their own.
 
 from __future__ import annotations
 
+import difflib
 import re
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -27,7 +29,8 @@ class Settings(BaseSettings):
     model's manifest may override (its ``batching`` section).
     """
 
-    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True)
+    # allow_inf_nan: "inf" would pass gt=0 and disable a timeout (or overflow where it is converted).
+    model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, allow_inf_nan=False)
 
     model_repository: Path = Field(Path("model_repository"), description="Folder of <name>/<version>/ models.")
     host: str = Field("127.0.0.1", description="Address to listen on.")
@@ -204,6 +207,26 @@ class Settings(BaseSettings):
         if not all(origin == "*" or _ORIGIN.match(origin) for origin in origins):
             raise ValueError("each origin must be '*' or scheme://host[:port] with no path, e.g. https://app.example")
         return origins
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[str]:
+    """The ``PATCHSERVE_*`` variables in ``environ`` that name no setting (a typo is otherwise
+    silently ignored), each with the closest setting's name when one is close.
+
+    Returns:
+        One line per unknown variable, e.g. ``"PATCHSERVE_MAX_BATCH: not a setting (did you mean
+        PATCHSERVE_MAX_BATCH_SIZE?)"``; empty when every variable is a setting.
+    """
+    known = [name.upper() for name in Settings.model_fields]
+    lines = []
+    for variable in sorted(environ):
+        name = variable.upper()
+        if name.startswith(ENV_PREFIX) and name.removeprefix(ENV_PREFIX) not in known:
+            # compared without the prefix, which every name shares and which would make all look close
+            close = difflib.get_close_matches(name.removeprefix(ENV_PREFIX), known, n=1)
+            hint = f" (did you mean {ENV_PREFIX}{close[0]}?)" if close else ""
+            lines.append(f"{variable}: not a setting, ignored{hint}")
+    return lines
 
 
 def load_settings(**overrides: object) -> Settings:

@@ -241,8 +241,16 @@ async def read_images(
         BadRequest: empty body, malformed multipart or JSON, no image, too many images or
             parts, a URL instead of a file (400).
         PayloadTooLarge: body over ``max_body_bytes`` (413).
-        InvalidImage: a content type that is not an image, multipart, JSON or octet-stream (415).
+        InvalidImage: a content type that is not an image, multipart, JSON or octet-stream, or a
+            ``Content-Encoding`` other than identity (415).
     """
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # Image files are compressed already; a body decoded as if it were not would be a wrong answer.
+        raise InvalidImage(
+            f"Content-Encoding {encoding!r} is not accepted on /v1: send the image files as they are "
+            "(the Open Inference Protocol's /v2 routes take gzip and deflate tensors)"
+        )
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     accepted = media_type in ("multipart/form-data", "application/json", *RAW_TYPES) or media_type.startswith("image/")

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import base64
+import io
+import json
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from PIL import Image
 
 from tests.conftest import ROOT, png_bytes, running_app
 
@@ -120,6 +123,9 @@ async def test_models_listing_reports_provider_and_batching() -> None:
     assert version["provider"] == "CPUExecutionProvider" and version["labels_count"] == 10
     assert version["input"]["height"] == 8 and version["input"]["color_mode"] == "L"
     assert version["batching"]["max_batch_size"] == 4
+    # What a /v2 client must do to an image itself: the manifest's preprocessing, as written there.
+    manifest = json.loads((ROOT / "model_repository" / "vit-digits" / "1" / "model.json").read_text())
+    assert version["preprocessing"] == {k: v for k, v in manifest["preprocessing"].items() if v is not None}
     assert health.status_code == 200 and ready.json() == {"status": "ready"}
 
 
@@ -192,6 +198,21 @@ async def test_probes_answer_head_and_paths_are_exact() -> None:
     async with running_app() as client:
         assert (await client.head("/healthz")).status_code == 200
         assert (await client.head("/readyz")).status_code == 200
+        head = await client.head("/")  # the playground page, as GET / serves it
+        assert head.status_code == 200 and head.headers["content-type"].startswith("text/html")
         assert_problem(await client.post(CLASSIFY + "/", files={"image": DIGIT_7}), 404)
         # Only ASCII digits name a version: U+0661 is an Arabic-Indic one.
         assert_problem(await client.post(CLASSIFY + "?version=%D9%A1", files={"image": DIGIT_7}), 422, "version")
+
+
+async def test_a_light_digit_on_transparency_is_a_digit_on_black() -> None:
+    """The digit models are trained on light ink over black: their manifests composite
+    transparent pixels onto black, so a white stroke on a transparent canvas reads as drawn."""
+    ink = np.asarray(Image.open(io.BytesIO(DIGIT_7)).convert("L"))
+    stroke = np.zeros((*ink.shape, 4), dtype=np.uint8)
+    stroke[..., :3], stroke[..., 3] = 255, ink  # white everywhere, opaque where the ink is
+    async with running_app() as client:
+        opaque = (await client.post(CLASSIFY, files={"image": DIGIT_7})).json()["predictions"]
+        transparent = (await client.post(CLASSIFY, files={"image": png_bytes(stroke)})).json()["predictions"]
+    assert transparent[0]["label"] == opaque[0]["label"] == "7"
+    assert transparent[0]["score"] == pytest.approx(opaque[0]["score"], abs=0.02)

@@ -8,7 +8,7 @@ import logging.config
 
 import pytest
 
-from service.logs import ACCESS_LOGGER, JsonFormatter, log_config
+from service.logs import ACCESS_LOGGER, MAX_LOGGED_PATH, JsonFormatter, log_config
 from tests.conftest import ROOT, running_app
 
 pytestmark = pytest.mark.anyio
@@ -63,3 +63,13 @@ def test_log_config_is_valid_for_both_formats() -> None:
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
+
+
+async def test_a_long_path_is_cut_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    async with running_app() as client:
+        caplog.clear()
+        assert (await client.get("/v1/models/" + "x" * 5000)).status_code == 404
+    (line,) = [r for r in caplog.records if r.name == ACCESS_LOGGER and r.getMessage().startswith("GET")]
+    assert line.path == "/v1/models/" + "x" * (MAX_LOGGED_PATH - 11) + f"...(+{5011 - MAX_LOGGED_PATH} characters)"
+    assert len(line.getMessage()) < MAX_LOGGED_PATH + 200

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from service.manifest import ManifestError, load_manifest
-from service.settings import load_settings
+from service.settings import load_settings, unknown_variables
 from tests.conftest import MODEL_REPOSITORY, ROOT
 
 COMMITTED = MODEL_REPOSITORY / "vit-digits" / "1" / "model.json"
@@ -86,3 +86,22 @@ def test_settings_read_the_environment(monkeypatch, capsys) -> None:
     with pytest.raises(SystemExit) as stopped:
         load_settings()
     assert stopped.value.code == 2 and "PATCHSERVE_DEVICE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "variable", ["PATCHSERVE_REQUEST_TIMEOUT", "PATCHSERVE_BODY_TIMEOUT", "PATCHSERVE_SEND_TIMEOUT"]
+)
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan"])
+def test_a_timeout_that_is_not_finite_stops_the_start(monkeypatch, capsys, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    assert stopped.value.code == 2 and variable in capsys.readouterr().err
+
+
+def test_an_unknown_patchserve_variable_is_named_with_the_setting_it_resembles() -> None:
+    environ = {"PATCHSERVE_MAX_BATCH": "8", "PATCHSERVE_PORT": "9000", "PATCHSERVE_ZZZ": "1", "HOME": "/root"}
+    assert unknown_variables(environ) == [
+        "PATCHSERVE_MAX_BATCH: not a setting, ignored (did you mean PATCHSERVE_MAX_BATCH_SIZE?)",
+        "PATCHSERVE_ZZZ: not a setting, ignored",
+    ]

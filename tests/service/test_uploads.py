@@ -206,3 +206,20 @@ async def test_refused_and_failed_requests_free_their_bodies_without_the_garbage
     assert statuses == [413, 413, 400, 200, 415, 400]
     retained = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
     assert retained < 512 * 1024, f"the server still holds {retained} bytes after the requests"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate"])
+async def test_v1_refuses_a_content_encoding_instead_of_reading_it_as_plain(encoding: str) -> None:
+    async with running_app() as client:
+        response = await client.post(
+            "/v1/models/vit-digits/classify",
+            content=DIGIT_7,
+            headers={"content-type": "image/png", "content-encoding": encoding},
+        )
+        plain = await client.post(
+            "/v1/models/vit-digits/classify",
+            content=DIGIT_7,
+            headers={"content-type": "image/png", "content-encoding": "identity"},
+        )
+    assert_problem(response, 415, f"Content-Encoding {encoding!r} is not accepted on /v1")
+    assert plain.status_code == 200

@@ -50,7 +50,7 @@ def _file(path: Path, media_type: str) -> FileResponse:
     return FileResponse(path, media_type=media_type, headers=_HEADERS)
 
 
-@router.get("/")
+@router.api_route("/", methods=["GET", "HEAD"])
 async def page() -> FileResponse:
     """The playground page."""
     return _file(ASSETS / "index.html", _MEDIA_TYPES[".html"])
