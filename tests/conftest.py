@@ -9,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
@@ -178,3 +179,33 @@ def hf_repository(tmp_path_factory) -> Path:
         build(name, root / "checkpoints" / name)
         export_hf(root / "checkpoints" / name, root / "repository" / name / "1", opset=18)
     return root
+
+
+class DecodeCounter:
+    """How many decodes (``service.inference._decode_and_preprocess``) ran at once, at most."""
+
+    def __init__(self) -> None:
+        self.active = self.peak = 0
+        self.lock = threading.Lock()
+
+
+@pytest.fixture
+def concurrent_decodes(monkeypatch: pytest.MonkeyPatch) -> DecodeCounter:
+    """Counts the decodes in flight; each is held 20 ms, long enough for others to start if allowed to."""
+    from service import inference
+
+    counter, original = DecodeCounter(), inference._decode_and_preprocess
+
+    def counting(*args):
+        with counter.lock:
+            counter.active += 1
+            counter.peak = max(counter.peak, counter.active)
+        try:
+            threading.Event().wait(0.02)
+            return original(*args)
+        finally:
+            with counter.lock:
+                counter.active -= 1
+
+    monkeypatch.setattr(inference, "_decode_and_preprocess", counting)
+    return counter

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
-from service import inference
 from tests.conftest import running_app
 from tests.service.test_api import assert_problem, sample
 from tests.service.test_batching_http import CLASSIFY, RecordedRunner, batcher_of, one_of_each, until
@@ -49,26 +47,12 @@ async def test_a_request_larger_than_the_whole_queue_is_a_400_not_a_503_to_retry
     assert "retry-after" not in response.headers
 
 
-async def test_one_request_decodes_at_most_decode_parallelism_images_at_once(digits_test_split, monkeypatch) -> None:
-    active, peak, lock = 0, 0, threading.Lock()
-    original = inference._decode_and_preprocess
-
-    def counting(*args):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        try:
-            threading.Event().wait(0.02)  # long enough for others to start if they were allowed to
-            return original(*args)
-        finally:
-            with lock:
-                active -= 1
-
-    monkeypatch.setattr(inference, "_decode_and_preprocess", counting)
+async def test_one_request_decodes_at_most_decode_parallelism_images_at_once(
+    digits_test_split, concurrent_decodes
+) -> None:
     pngs = one_of_each(digits_test_split, range(6))
     async with running_app(decode_threads=4) as client:
         assert client.app.state.server.decode_parallelism == 2
         response = await client.post(CLASSIFY, files=[("image", p) for p in pngs])
     assert [r["predictions"][0]["label"] for r in response.json()["results"]] == [str(d) for d in range(6)]
-    assert peak == 2
+    assert concurrent_decodes.peak == 2

@@ -85,23 +85,7 @@ async def test_an_image_larger_than_the_worker_budget_alone_is_a_413_entry() -> 
     assert small["predictions"]
 
 
-async def test_images_decoding_at_once_never_hold_more_than_the_worker_budget(monkeypatch) -> None:
-    active, peak, lock = 0, 0, threading.Lock()
-    original = inference._decode_and_preprocess
-
-    def counting(*args):
-        nonlocal active, peak
-        with lock:
-            active += 1
-            peak = max(peak, active)
-        try:
-            threading.Event().wait(0.02)  # long enough for others to start if they were allowed to
-            return original(*args)
-        finally:
-            with lock:
-                active -= 1
-
-    monkeypatch.setattr(inference, "_decode_and_preprocess", counting)
+async def test_images_decoding_at_once_never_hold_more_than_the_worker_budget(concurrent_decodes) -> None:
     # 4,096 pixels each, a budget of 10,000: two at once, though each request may decode two and
     # the pool has four threads; two requests of three images each.
     async with running_app(decode_threads=4, max_decoding_pixels=10_000) as client:
@@ -109,7 +93,7 @@ async def test_images_decoding_at_once_never_hold_more_than_the_worker_budget(mo
         held_after = client.app.state.server.pixel_budget.held
     assert [len(r.json()["results"]) for r in responses] == [3, 3]
     assert all("predictions" in r for response in responses for r in response.json()["results"])
-    assert peak <= 2 and held_after == 0
+    assert concurrent_decodes.peak <= 2 and held_after == 0
 
 
 async def test_the_full_size_picture_is_dropped_unless_render_needs_it() -> None:
