@@ -235,7 +235,7 @@ class Detection(BaseTask):
     picture_help = "the image with its detections drawn"
 
     def check_manifest(self, manifest: Manifest) -> None:
-        """A detector takes no crop (its boxes map back through the whole input frame); a no-object rule needs it labelled.
+        """A detector takes no crop (boxes map back through the whole input frame); no-object needs its label.
 
         Raises:
             ValueError: ``center_crop`` or ``crop_size`` in its preprocessing, or a score rule with a

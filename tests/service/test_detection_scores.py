@@ -49,8 +49,10 @@ def test_detect_with_sigmoid_top_k_gives_one_box_per_pair_in_pixels() -> None:
     )  # fmt: skip
     assert [(d["label"], round(d["score"], 4)) for d in detections] == [("dog", 0.95), ("cat", 0.9), ("dog", 0.8)]
     assert detections[0]["box"] == pytest.approx({"xmin": 0.0, "ymin": 0.0, "xmax": 100.0, "ymax": 50.0})
-    assert detections[1]["box"] == detections[2]["box"] == pytest.approx(
-        {"xmin": 80.0, "ymin": 40.0, "xmax": 120.0, "ymax": 60.0}
+    assert (
+        detections[1]["box"]
+        == detections[2]["box"]
+        == pytest.approx({"xmin": 80.0, "ymin": 40.0, "xmax": 120.0, "ymax": 60.0})
     )
     with pytest.raises(ValueError, match="unknown score rule"):
         detect(LOGITS, BOXES, ["cat", "dog"], threshold=0.5, max_detections=1, box_scale=(1, 1), image_size=(1, 1),
