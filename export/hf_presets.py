@@ -190,6 +190,10 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
 }
 
+from export.hf_detector_presets import PRESETS as _DETECTOR_PRESETS  # noqa: E402 (the DETR family, issue 19)
+
+PRESETS.update(_DETECTOR_PRESETS)
+
 
 def build(name: str, out: Path, *, seed: int = 0) -> Path:
     """Write the random-weight checkpoint ``name`` to ``out`` (a ``save_pretrained`` folder).
