@@ -217,7 +217,7 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
             backbone_config=_resnet(16, [16, 32, 48, 64], [1, 1, 1, 1], "basic", _RESNET_STAGES),
             **_TINY_DETR,
         ),
-        _processor("DeformableDetrImageProcessor", _SMALL_SIDE),
+        _processor("DeformableDetrImageProcessor", {"height": 64, "width": 96}),  # one size: see hf_detectors
     ),
 }
 
@@ -279,7 +279,7 @@ PRESETS.update(
                 **_R50_DETR,
                 backbone_config=_resnet(64, *_R50, "bottleneck", _RESNET_STAGES),
             ),
-            _processor("DeformableDetrImageProcessor", {"shortest_edge": 800, "longest_edge": 1333}),
+            _processor("DeformableDetrImageProcessor", {"shortest_edge": 800, "longest_edge": 1333}),  # refused
         ),
     }
 )

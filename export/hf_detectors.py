@@ -22,9 +22,12 @@ LwDetrForObjectDetection             sigmoid top-k Chen et al. 2024 (LW-DETR); D
 RfDetrForObjectDetection             sigmoid top-k Robinson et al. 2025 (RF-DETR); k = num_queries
 =================================== ============= ========================================================
 
-DETR itself (``DetrForObjectDetection``, softmax) stays in :mod:`export.hf`. Conditional and
-Deformable DETR are refused with a timm backbone (``use_timm_backbone``, their configs' default and
-the hub checkpoints' form): timm needs torchvision, which cannot be installed beside this torch.
+DETR itself (``DetrForObjectDetection``, softmax) stays in :mod:`export.hf`. Deformable DETR is
+refused when its processor resizes to an image-dependent size (``shortest_edge``, the hub's form):
+its graph cannot keep a dynamic height and width (:data:`_DEFORMABLE_SIZES`); with a fixed
+``{"height", "width"}`` it imports. Conditional and Deformable DETR are refused with a timm
+backbone (``use_timm_backbone``, their configs' default and the hub checkpoints' form): timm needs
+torchvision, which cannot be installed beside this torch.
 
 Two exporter work-arounds run while exporting (:func:`exporting`), neither changing what is computed:
 transformers' ``torch_compilable_check`` (a shape assertion; RT-DETRv2 and D-FINE's deformable
@@ -37,6 +40,7 @@ size ``tensor.shape[0]`` in the modeling modules instead.
 from __future__ import annotations
 
 import builtins
+import json
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -83,6 +87,37 @@ def _refuse_timm(family: str) -> Callable[[dict[str, Any], Path], None]:
     return check
 
 
+def _fixed_size_only(family: str, reason: str) -> Callable[[dict[str, Any], Path], None]:
+    """A check refusing a checkpoint whose processor resizes to a size that depends on the image."""
+
+    def check(config: dict[str, Any], folder: Path) -> None:
+        path = folder / "preprocessor_config.json"
+        processor = json.loads(path.read_text()) if path.is_file() else {}
+        size = processor.get("size", _SHORTEST_800)
+        if not (isinstance(size, dict) and "height" in size and "width" in size):
+            raise ImportRefused(
+                f"{folder}: preprocessor_config.json: size {size!r} gives every image its own input size, but a "
+                f"{family} graph cannot take a dynamic height and width: {reason}. A checkpoint whose processor "
+                'resizes to one size ({"height": H, "width": W}) imports.'
+            )
+
+    return check
+
+
+def _all(*checks: Callable[[dict[str, Any], Path], None]) -> Callable[[dict[str, Any], Path], None]:
+    def check(config: dict[str, Any], folder: Path) -> None:
+        for one in checks:
+            one(config, folder)
+
+    return check
+
+
+_DEFORMABLE_SIZES = (
+    "DeformableDetrModel.forward builds its multi-scale spatial_shapes with torch.as_tensor of the feature maps' "
+    "sizes, which the dynamo exporter can only record as constants (it fixes height and width at the example's)"
+)
+
+
 @dataclass(frozen=True)
 class Family:
     """One detector architecture as the importer exports it.
@@ -111,7 +146,13 @@ _SIGMOID, _SOFTMAX = SigmoidTopK.name, SoftmaxNoObject.name
 FAMILIES = (
     Family("YolosForObjectDetection", _SOFTMAX, _num_queries, _SHORTEST_800),
     Family("ConditionalDetrForObjectDetection", _SIGMOID, _top_100, _SHORTEST_800, _refuse_timm("Conditional DETR")),
-    Family("DeformableDetrForObjectDetection", _SIGMOID, _top_100, _SHORTEST_800, _refuse_timm("Deformable DETR")),
+    Family(
+        "DeformableDetrForObjectDetection",
+        _SIGMOID,
+        _top_100,
+        _SHORTEST_800,
+        _all(_refuse_timm("Deformable DETR"), _fixed_size_only("Deformable DETR", _DEFORMABLE_SIZES)),
+    ),
     Family("RTDetrForObjectDetection", _SIGMOID, _num_queries, _SQUARE_640),
     Family("RTDetrV2ForObjectDetection", _SIGMOID, _num_queries, _SQUARE_640),
     Family("DFineForObjectDetection", _SIGMOID, _num_queries, _SQUARE_640),
