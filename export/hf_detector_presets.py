@@ -14,11 +14,14 @@ The ``tiny-*`` presets are small versions of the same architectures for tests: t
 ``initializer_range`` is 0.2 because at the published 0.01 (or 0.02) a 32-wide random model's
 features are so small that LayerNorm maps them all onto its bias, every query scores the same and the
 query selection's top-k (RT-DETR's, D-FINE's) is decided by ties, which ONNX Runtime and PyTorch
-break differently.
+break differently. D-FINE's tiny preset also gets seeded noise (N(0, 0.02)) added to every parameter
+that transformers initialises to one constant (its zero-initialised box-distribution and quality
+heads), for the same reason (:func:`jitter_constants`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from export.hf_presets import COCO_91, IMAGENET_MEAN, IMAGENET_STD, _labels
@@ -283,3 +286,18 @@ PRESETS.update(
         ),
     }
 )
+
+
+def jitter_constants(model: Any, seed: int) -> None:
+    """Add seeded N(0, 0.02) noise to every parameter whose elements are all equal (zero-initialised heads)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            if parameter.numel() > 1 and bool((parameter == parameter.flatten()[0]).all()):
+                parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.02)
+
+
+# preset -> a step after transformers' initialisation, (model, seed) -> None (export.hf_presets.build)
+AFTER_INIT: dict[str, Callable[[Any, int], None]] = {"tiny-dfine": jitter_constants}

@@ -190,7 +190,8 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
 }
 
-from export.hf_detector_presets import PRESETS as _DETECTOR_PRESETS  # noqa: E402 (the DETR family, issue 19)
+from export.hf_detector_presets import AFTER_INIT  # noqa: E402 (the DETR family, issue 19)
+from export.hf_detector_presets import PRESETS as _DETECTOR_PRESETS  # noqa: E402
 
 PRESETS.update(_DETECTOR_PRESETS)
 
@@ -213,6 +214,8 @@ def build(name: str, out: Path, *, seed: int = 0) -> Path:
     config = transformers.AutoConfig.from_pretrained(str(out), local_files_only=True)
     torch.manual_seed(seed)
     model = getattr(transformers, config_dict["architectures"][0])(config).eval()
+    if name in AFTER_INIT:  # a preset whose random initialisation needs one more step (export.hf_detector_presets)
+        AFTER_INIT[name](model, seed)
     model.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps({"_name_or_path": f"random-weight {name}", **config_dict}, indent=2))
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
