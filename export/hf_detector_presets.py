@@ -225,21 +225,25 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 }
 
 _R50 = ([256, 512, 1024, 2048], [3, 4, 6, 3])
+# RT-DETR's published initializer_range (0.01) leaves a random 256-wide model's encoder features below
+# LayerNorm's eps, so every position scores alike and the query top-k is decided by ties (export parity
+# 1.6 at r18vd); 1/sqrt(256) keeps the linear layers at unit gain. Speed does not depend on it.
+_UNIT_GAIN = 0.0625
 _R50_DETR = {"use_timm_backbone": False, "use_pretrained_backbone": False, "backbone": None}
 # Realistic sizes: transformers 5.24's config defaults, which its docstrings give as those of the named
 # hub checkpoint, unless a size is written here.
 PRESETS.update(
     {
         "rtdetr-r18vd": (  # RTDetrConfig's defaults: PekingU/rtdetr_r18vd (v1 shares them)
-            _config("RTDetrForObjectDetection", "rt_detr", COCO_80),
+            _config("RTDetrForObjectDetection", "rt_detr", COCO_80, initializer_range=_UNIT_GAIN),
             _processor("RTDetrImageProcessor", {"height": 640, "width": 640}, normalize=False),
         ),
         "rtdetr-v2-r18vd": (  # RTDetrV2Config's defaults: PekingU/rtdetr_r18vd sizes with RT-DETRv2's decoder
-            _config("RTDetrV2ForObjectDetection", "rt_detr_v2", COCO_80),
+            _config("RTDetrV2ForObjectDetection", "rt_detr_v2", COCO_80, initializer_range=_UNIT_GAIN),
             _processor("RTDetrImageProcessor", {"height": 640, "width": 640}, normalize=False),
         ),
         "dfine-xlarge": (  # DFineConfig's defaults: ustc-community/dfine-xlarge-coco
-            _config("DFineForObjectDetection", "d_fine", COCO_80),
+            _config("DFineForObjectDetection", "d_fine", COCO_80, initializer_range=_UNIT_GAIN),
             _processor("RTDetrImageProcessor", {"height": 640, "width": 640}, normalize=False),
         ),
         "lwdetr-small": (  # LwDetrConfig's defaults: AnnaZhang/lwdetr_small_60e_coco, 640 x 640
@@ -261,6 +265,7 @@ PRESETS.update(
                 intermediate_size=768,
                 image_size=[800, 1333],
                 num_detection_tokens=100,
+                use_mid_position_embeddings=False,
             ),
             _processor("YolosImageProcessor", {"shortest_edge": 512, "longest_edge": 1333}),
         ),
@@ -300,4 +305,4 @@ def jitter_constants(model: Any, seed: int) -> None:
 
 
 # preset -> a step after transformers' initialisation, (model, seed) -> None (export.hf_presets.build)
-AFTER_INIT: dict[str, Callable[[Any, int], None]] = {"tiny-dfine": jitter_constants}
+AFTER_INIT: dict[str, Callable[[Any, int], None]] = {"tiny-dfine": jitter_constants, "dfine-xlarge": jitter_constants}
