@@ -107,13 +107,14 @@ def run_preset(name: str, work: Path, rounds: int) -> dict:
     from export.hf_presets import build
     from export.onnx_export import DEFAULT_OPSET
 
-    folder, out = work / "checkpoints" / name, work / "repository" / name / "1"
+    repository = work / "repositories" / name  # the one model, so nothing else there stops the server
+    folder, out = work / "checkpoints" / name, repository / name / "1"
     build(name, folder)
     start = time.perf_counter()
     manifest = export_hf(folder, out, opset=DEFAULT_OPSET)
     export_seconds = time.perf_counter() - start
     payloads = photos()
-    url, process = serve(work / "repository")
+    url, process = serve(repository)
     timings: dict[int, list[float]] = {1: [], 4: []}
     loaded: list[str] = []
     try:

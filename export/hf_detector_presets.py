@@ -247,7 +247,7 @@ PRESETS.update(
             _processor("RTDetrImageProcessor", {"height": 640, "width": 640}, normalize=False),
         ),
         "lwdetr-small": (  # LwDetrConfig's defaults: AnnaZhang/lwdetr_small_60e_coco, 640 x 640
-            _config("LwDetrForObjectDetection", "lw_detr", COCO_91),
+            _config("LwDetrForObjectDetection", "lw_detr", COCO_91, projector_scale_factors=[1.0]),
             _processor("DeformableDetrImageProcessor", {"height": 640, "width": 640}),
         ),
         "rf-detr-base": (  # RfDetrConfig's defaults: Roboflow/rf-detr-base, 560 x 560
