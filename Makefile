@@ -111,7 +111,7 @@ bench-tracing: $(DEV_VENV)/.installed-bench bench-tools
 
 # The realistic random-weight DETR-family presets, each imported, served and timed (ms/image at batch 1
 # and 4); rounds with foreign CPU load are marked LOADED. DETECTOR_PRESETS=... picks them.
-DETECTOR_PRESETS ?= rtdetr-r18vd rtdetr-v2-r18vd dfine-xlarge lwdetr-small rf-detr-base yolos-tiny conditional-detr-resnet-50
+DETECTOR_PRESETS ?= rtdetr-r50vd rtdetr-v2-r50vd dfine-xlarge lwdetr-small rf-detr-base yolos-tiny conditional-detr-resnet-50
 bench-detectors: $(DEV_VENV)/.installed-bench $(SERVE_VENV)/.installed-$(ORT)
 	$(DEV_VENV)/bin/python -m bench.hf_detectors $(DETECTOR_PRESETS)
 

@@ -1,6 +1,6 @@
 """One end-to-end run per DETR-family preset: build the random-weight checkpoint, import it, serve it, time it.
 
-    .venv/bin/python -m bench.hf_detectors rtdetr-r18vd yolos-tiny --out bench/.work/hf-detectors
+    .venv/bin/python -m bench.hf_detectors rtdetr-r50vd yolos-tiny --out bench/.work/hf-detectors
 
 For each preset (:mod:`export.hf_detector_presets`): builds the ``save_pretrained`` folder offline, runs
 ``python -m export hf`` on it (timed), starts the real server (``.venv-serve``, ``python -m service``,
@@ -172,7 +172,7 @@ def table(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.hf_detectors", description=__doc__.split("\n\n")[0])
-    parser.add_argument("presets", nargs="+", help="export.hf_presets names, e.g. rtdetr-r18vd")
+    parser.add_argument("presets", nargs="+", help="export.hf_presets names, e.g. rtdetr-r50vd")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / ".work" / "hf-detectors")
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args(argv)

@@ -1,9 +1,9 @@
 """Random-weight presets of the DETR family (:mod:`export.hf_detectors`), added to :data:`export.hf_presets.PRESETS`.
 
-    python -m export.hf_presets rtdetr-r18vd --out runs/hf/rtdetr-r18vd
+    python -m export.hf_presets rtdetr-r50vd --out runs/hf/rtdetr-r50vd
 
 The realistic presets are transformers 5.24's config defaults for each architecture, which its
-docstrings give as the sizes of a hub checkpoint (PekingU/rtdetr_r18vd for RT-DETR v1 and v2,
+docstrings give as the sizes of a hub checkpoint (PekingU/rtdetr_r50vd: RTDetrConfig's defaults, ResNet-50-vd,
 ustc-community/dfine-xlarge-coco, AnnaZhang/lwdetr_small_60e_coco, Roboflow/rf-detr-base), or the sizes
 written here (hustvl/yolos-tiny; Conditional and Deformable DETR at their ResNet-50 sizes with
 transformers' own ResNet-50: the hub's microsoft/conditional-detr-resnet-50 and SenseTime/deformable-detr
@@ -227,18 +227,19 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
 _R50 = ([256, 512, 1024, 2048], [3, 4, 6, 3])
 # RT-DETR's published initializer_range (0.01) leaves a random 256-wide model's encoder features below
 # LayerNorm's eps, so every position scores alike and the query top-k is decided by ties (export parity
-# 1.6 at r18vd); 1/sqrt(256) keeps the linear layers at unit gain. Speed does not depend on it.
+# 1.6 at r50vd); 1/sqrt(256) keeps the linear layers at unit gain. Speed does not depend on it.
 _UNIT_GAIN = 0.0625
 _R50_DETR = {"use_timm_backbone": False, "use_pretrained_backbone": False, "backbone": None}
 # Realistic sizes: transformers 5.24's config defaults, which its docstrings give as those of the named
 # hub checkpoint, unless a size is written here.
 PRESETS.update(
     {
-        "rtdetr-r18vd": (  # RTDetrConfig's defaults: PekingU/rtdetr_r18vd (v1 shares them)
+        "rtdetr-r50vd": (  # RTDetrConfig's defaults: PekingU/rtdetr_r50vd (42.9M parameters)
             _config("RTDetrForObjectDetection", "rt_detr", COCO_80, initializer_range=_UNIT_GAIN),
             _processor("RTDetrImageProcessor", {"height": 640, "width": 640}, normalize=False),
         ),
-        "rtdetr-v2-r18vd": (  # RTDetrV2Config's defaults: PekingU/rtdetr_r18vd sizes with RT-DETRv2's decoder
+        # RTDetrV2Config's defaults: its docstring names PekingU/rtdetr_r18vd, its default backbone is ResNet-50-vd
+        "rtdetr-v2-r50vd": (
             _config("RTDetrV2ForObjectDetection", "rt_detr_v2", COCO_80, initializer_range=_UNIT_GAIN),
             _processor("RTDetrImageProcessor", {"height": 640, "width": 640}, normalize=False),
         ),
@@ -307,7 +308,7 @@ def jitter_constants(model: Any, seed: int) -> None:
 # preset -> a step after transformers' initialisation, (model, seed) -> None (export.hf_presets.build)
 # (transformers zero-initialises the query-selection score heads: the realistic presets' encoder scores then
 # sit within 1e-5 of the prior bias, ~1,000 of 8,400 exactly equal, and the query top-k swaps candidates
-# between ORT and PyTorch: export parity 0.25 for rtdetr-r18vd, 1.07 for lwdetr-small without this)
+# between ORT and PyTorch: export parity 0.25 for rtdetr-r50vd, 1.07 for lwdetr-small without this)
 AFTER_INIT: dict[str, Callable[[Any, int], None]] = {
-    name: jitter_constants for name in ("tiny-dfine", "dfine-xlarge", "rtdetr-r18vd", "rtdetr-v2-r18vd", "lwdetr-small")
+    name: jitter_constants for name in ("tiny-dfine", "dfine-xlarge", "rtdetr-r50vd", "rtdetr-v2-r50vd", "lwdetr-small")
 }
