@@ -102,7 +102,9 @@ class MLP(nn.Module):
 class DETR(nn.Module):
     """Backbone + transformer + prediction heads.
 
-    ``forward(images)`` takes float32 (B, C, H, W) and returns a dict:
+    ``forward(images, pixel_mask=None)`` takes float32 (B, C, H, W) and, for a batch padded
+    to one size, ``pixel_mask`` (B, H, W), 1 on real pixels and 0 on padding (the Hugging Face
+    processor's convention; padding at the bottom and right), and returns a dict:
 
     * ``pred_logits``: (B, num_queries, num_classes + 1) raw class scores, the last column
       "no object";
@@ -110,6 +112,10 @@ class DETR(nn.Module):
       input's width and height;
     * ``aux_outputs`` (only with ``aux_loss``): the same two for every decoder layer but the
       last, a list of dicts, for the auxiliary losses.
+
+    The mask is downsampled to the feature map (nearest, as DETR's ``NestedTensor``); the
+    position encoding is normalised by each image's valid extent and no attention reads a
+    padded position (Carion et al. 2020, Sec. 4). Boxes stay relative to the padded input.
     """
 
     def __init__(self, config: DETRConfig) -> None:
@@ -134,11 +140,15 @@ class DETR(nn.Module):
         self.class_embed = nn.Linear(d, config.num_classes + 1)
         self.bbox_embed = MLP(d, d, 4, 3)
 
-    def forward(self, images: torch.Tensor) -> dict[str, Any]:
+    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
         features = self.backbone(images)  # (B, C_backbone, H', W')
         src = self.input_proj(features)  # (B, d, H', W')
-        pos = self.position_encoding(src).to(src.dtype)  # (B, d, H', W')
-        hs = self.transformer(src, self.query_embed.weight, pos)  # (L, B, N, d)
+        mask = None
+        if pixel_mask is not None:
+            valid = F.interpolate(pixel_mask[:, None].to(src.dtype), size=src.shape[-2:], mode="nearest")[:, 0]
+            mask = valid < 0.5  # (B, H', W') True on padding
+        pos = self.position_encoding(src, mask).to(src.dtype)  # (B, d, H', W')
+        hs = self.transformer(src, self.query_embed.weight, pos, mask)  # (L, B, N, d)
         logits = self.class_embed(hs)  # (L, B, N, num_classes + 1)
         boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N, 4) normalised cxcywh
         out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
@@ -150,14 +160,20 @@ class DETR(nn.Module):
 
 
 class DETRForExport(nn.Module):
-    """The graph the server runs: images (B, C, H, W) -> (pred_logits, pred_boxes), no auxiliary outputs."""
+    """The graph the server runs: images (B, C, H, W) -> (pred_logits, pred_boxes), no auxiliary outputs.
 
-    def __init__(self, model: DETR) -> None:
+    With ``mask``, a second input ``pixel_mask`` (B, H, W) as :class:`DETR`'s.
+    """
+
+    def __init__(self, model: DETR, mask: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.mask = mask
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(images)
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(images, pixel_mask if self.mask else None)
         return out["pred_logits"], out["pred_boxes"]
 
 

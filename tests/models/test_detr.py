@@ -94,3 +94,54 @@ def test_config_round_trips_through_a_checkpoint_dict() -> None:
 def test_unknown_config_is_refused() -> None:
     with pytest.raises(ValueError, match="known"):
         build("detr-r101")
+
+
+def test_an_all_valid_pixel_mask_changes_nothing() -> None:
+    import torch
+
+    from models.detr import build
+
+    torch.manual_seed(0)
+    model = build("digits-small").eval()
+    x = torch.randn(2, 1, 128, 96)
+    with torch.no_grad():
+        plain = model(x)
+        masked = model(x, torch.ones(2, 128, 96))
+    assert torch.allclose(plain["pred_logits"], masked["pred_logits"], atol=1e-5)
+    assert torch.allclose(plain["pred_boxes"], masked["pred_boxes"], atol=1e-6)
+
+
+def test_the_sine_encoding_of_a_padded_map_is_the_unpadded_ones_on_its_pixels() -> None:
+    """Carion et al. 2020, Sec. 4 / appendix A.3: positions are normalised by the valid extent."""
+    import torch
+
+    from models.position_encoding import PositionEmbeddingSine
+
+    encode = PositionEmbeddingSine(16)
+    alone = encode(torch.zeros(1, 1, 6, 5))  # (1, 32, 6, 5)
+    mask = torch.ones(1, 9, 8, dtype=torch.bool)
+    mask[:, :6, :5] = False  # 6x5 valid at the top left of a 9x8 canvas
+    padded = encode(torch.zeros(1, 1, 9, 8), mask)
+    assert torch.allclose(padded[..., :6, :5], alone, atol=1e-6)
+
+
+def test_the_transformer_ignores_what_is_padded() -> None:
+    """The decoder's output for an image is the same alone and padded with its mask."""
+    import torch
+
+    from models.position_encoding import PositionEmbeddingSine
+    from models.transformer import Transformer
+
+    torch.manual_seed(0)
+    for normalize_before in (False, True):
+        transformer = Transformer(32, 4, 2, 2, 64, dropout=0.0, normalize_before=normalize_before).eval()
+        encode, queries = PositionEmbeddingSine(16), torch.randn(7, 32)
+        src = torch.randn(1, 32, 4, 3)
+        padded = torch.randn(1, 32, 6, 5) * 10  # garbage where the padding is
+        padded[..., :4, :3] = src
+        mask = torch.ones(1, 6, 5, dtype=torch.bool)
+        mask[:, :4, :3] = False
+        with torch.no_grad():
+            alone = transformer(src, queries, encode(src))
+            masked = transformer(padded, queries, encode(padded, mask), mask)
+        assert torch.allclose(alone, masked, atol=1e-5)
