@@ -6,7 +6,9 @@ scores the PyTorch model while training, the ONNX graph at export, and the serve
 
     python -m models.detection_eval --url http://127.0.0.1:8000
 
-posts the test split to a running server (threshold 0: every query) and prints its COCO AP.
+posts the test split to a running server (threshold 0: every query) and prints its COCO AP
+and what users see at the default ``threshold=0.5`` (:func:`set_quality`): the share of
+canvases holding a duplicate pair, precision and recall.
 """
 
 from __future__ import annotations
@@ -122,6 +124,81 @@ def coco_ap(ground_truth: dict[str, Any], detections: Sequence[Sequence[dict[str
     return {**{name: float(stats[i]) for i, name in enumerate(names)}, "AR100": float(stats[8])}
 
 
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of xyxy boxes a (N, 4) and b (M, 4) -> (N, M)."""
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    area_a = np.prod(a[:, 2:] - a[:, :2], axis=1)
+    area_b = np.prod(b[:, 2:] - b[:, :2], axis=1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def set_quality(
+    ground_truth: dict[str, Any],
+    detections: Sequence[Sequence[dict[str, Any]]],
+    *,
+    threshold: float = 0.5,
+    iou: float = 0.5,
+) -> dict[str, float]:
+    """What a user sees in a detector's sets at ``threshold``: duplicates, precision, recall.
+
+    A detection is kept when its score is at least ``threshold`` (the detect route's rule). A
+    **duplicate pair** is two kept detections of one image with the same label and IoU above
+    ``iou`` (the doubles that NMS would remove, and that a converged DETR does not make:
+    Carion et al. 2020, Sec. 4.2). Kept detections are matched to the image's objects
+    greedily, best score first, each to the unmatched object of its label with the highest
+    IoU of at least ``iou`` (COCO's rule at one IoU); a matched detection is a true positive,
+    the rest false positives, an unmatched object a miss.
+
+    Args:
+        ground_truth: a COCO instances dict; ``bbox`` is [x, y, width, height] in pixels.
+        detections: per image of ``ground_truth["images"]``, the server's detections.
+
+    Returns:
+        ``duplicate_canvas_fraction`` (images with at least one duplicate pair / images),
+        ``duplicate_pairs``, ``detections``, ``objects``, ``false_positives``, ``missed``,
+        ``precision`` (TP / kept; 1 when nothing is kept) and ``recall`` (TP / objects).
+    """
+    images = ground_truth["images"]
+    if len(detections) != len(images):
+        raise ValueError(f"{len(detections)} detection lists for {len(images)} images")
+    objects_of: dict[int, list[dict[str, Any]]] = {image["id"]: [] for image in images}
+    for annotation in ground_truth["annotations"]:
+        objects_of[annotation["image_id"]].append(annotation)
+    dup_images = dup_pairs = kept_total = tp_total = objects_total = 0
+    for image, dets in zip(images, detections, strict=True):
+        kept = sorted((d for d in dets if d["score"] >= threshold), key=lambda d: -d["score"])
+        objects = objects_of[image["id"]]
+        boxes = np.array([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in kept], float).reshape(-1, 4)
+        labels = np.array([int(d["class_id"]) for d in kept])
+        gt_boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (o["bbox"] for o in objects)], float).reshape(-1, 4)
+        gt_labels = np.array([int(o["category_id"]) for o in objects])
+        pairs = np.triu((_iou(boxes, boxes) > iou) & (labels[:, None] == labels[None, :]), k=1)
+        dup_pairs += int(pairs.sum())
+        dup_images += bool(pairs.any())
+        overlap = _iou(boxes, gt_boxes)
+        matched = np.zeros(len(objects), bool)
+        for i in range(len(kept)):  # best score first
+            candidates = np.where((gt_labels == labels[i]) & ~matched & (overlap[i] >= iou))[0]
+            if len(candidates):
+                matched[candidates[np.argmax(overlap[i, candidates])]] = True
+        kept_total += len(kept)
+        tp_total += int(matched.sum())
+        objects_total += len(objects)
+    return {
+        "duplicate_canvas_fraction": dup_images / max(len(images), 1),
+        "duplicate_pairs": float(dup_pairs),
+        "detections": float(kept_total),
+        "objects": float(objects_total),
+        "false_positives": float(kept_total - tp_total),
+        "missed": float(objects_total - tp_total),
+        "precision": tp_total / kept_total if kept_total else 1.0,
+        "recall": tp_total / objects_total if objects_total else 1.0,
+    }
+
+
 async def _detect_over_http(url: str, model: str, pngs: list[bytes], concurrency: int) -> list[list[dict[str, Any]]]:
     import asyncio
 
@@ -151,6 +228,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="detr-digits")
     parser.add_argument("--count", type=int, default=SPLIT_SIZES["test"], help="test canvases to post")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--threshold", type=float, default=0.5, help="the detect route's default, for set_quality")
     args = parser.parse_args(argv)
     canvases = load_split("test", None, args.count)
     pngs = []
@@ -159,10 +237,17 @@ def main(argv: list[str] | None = None) -> None:
         Image.fromarray(canvas.image).save(buffer, format="PNG")
         pngs.append(buffer.getvalue())
     detections = asyncio.run(_detect_over_http(args.url, args.model, pngs, args.concurrency))
-    ap = coco_ap(to_coco(canvases), detections)
+    ground_truth = to_coco(canvases)
+    ap = coco_ap(ground_truth, detections)
     objects = sum(len(c.labels) for c in canvases)
     print(f"{args.model} over HTTP, {len(canvases)} test canvases ({objects} objects), every query kept (threshold 0):")
     print(", ".join(f"{name} {value:.4f}" for name, value in ap.items() if value >= 0))
+    quality = set_quality(ground_truth, detections, threshold=args.threshold)
+    print(
+        f"at threshold {args.threshold}: duplicate pairs on {quality['duplicate_canvas_fraction']:.2%} of canvases "
+        f"({quality['duplicate_pairs']:.0f} pairs); {quality['detections']:.0f} detections, precision "
+        f"{quality['precision']:.4f}, recall {quality['recall']:.4f} ({quality['missed']:.0f} objects missed)"
+    )
 
 
 if __name__ == "__main__":
