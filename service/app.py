@@ -78,6 +78,7 @@ def tuner(settings: Settings) -> Tuner | None:
         TuneCache(settings.tune_cache or default_cache_dir()),
         point_seconds=settings.tune_point_seconds,
         budget_seconds=settings.tune_seconds,
+        rounds=settings.tune_rounds,
         max_batch_size=settings.tune_max_batch_size,
         max_instances=settings.tune_max_instances,
         ort_version=onnxruntime.__version__,

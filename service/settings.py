@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     tune_point_seconds: float = Field(
         0.2, gt=0.0, le=10.0, description="Seconds the auto-tuner measures each (instances, batch size) point."
     )
+    tune_rounds: int = Field(
+        3, ge=1, le=20, description="Interleaved rounds over the tuner's grid; each point is its median over them."
+    )
     tune_max_batch_size: int = Field(
         0, ge=0, le=1024, description="Largest batch size the auto-tuner tries (0: 16 on the CPU, 64 on a GPU)."
     )
