@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
@@ -22,6 +23,7 @@ from service.api import docs
 from service.api.routes import health, inference, metrics, models, playground, repository, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
+from service.control_signal import FILE_NAME, ControlSignal, follow
 from service.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.errors import RepositoryError, install_handlers
 from service.inference import DecodeLimits
@@ -131,6 +133,14 @@ async def _start_models(state: ServerState) -> None:
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
 
 
+def control_signal(settings: Settings) -> ControlSignal | None:
+    """With several workers, the file they share the load API's changes through (None: one worker)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if settings.workers == 1 or not folder:
+        return None
+    return ControlSignal(Path(folder) / FILE_NAME)
+
+
 def decode_limits(settings: Settings) -> DecodeLimits:
     """The pre-scan's and one request's decoding limits, from ``settings``."""
     return DecodeLimits(
@@ -175,6 +185,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         loader(settings, threads, tuner(settings)),
         ModelRepository(settings.model_repository),
         drain_timeout=settings.request_timeout + settings.body_timeout,
+        signal=control_signal(settings),
     )
 
     @asynccontextmanager
@@ -182,15 +193,18 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         if tracer is not None:
             install(tracer)
         loading = asyncio.create_task(_start_models(state))
-        poller = None
+        watchers = []
         if settings.repository_poll_seconds > 0:
-            poller = asyncio.create_task(poll_forever(state, loading, settings.repository_poll_seconds))
+            watchers.append(asyncio.create_task(poll_forever(state, loading, settings.repository_poll_seconds)))
+        if state.control.signal is not None:
+            watchers.append(asyncio.create_task(follow(state, loading, state.control.signal)))
         yield
         state.draining = True
         await loading
-        if poller is not None:
-            poller.cancel()
-            await asyncio.wait({poller})
+        for watcher in watchers:
+            watcher.cancel()
+        if watchers:
+            await asyncio.wait(watchers)
         with contextlib.suppress(TimeoutError):  # versions retiring finish their requests, which have ended
             await asyncio.wait_for(state.control.until_retired(), settings.graceful_shutdown_timeout)
         if state.repository is not None:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from service import metrics
+from service.control_signal import ControlSignal
 from service.errors import BadRequest, RepositoryError
 from service.loading import Loader
 from service.repository import NAME_PATTERN, VERSION_PATTERN, ModelRepository, ModelVersion
@@ -91,6 +92,7 @@ class ModelControl:
     loader: Loader
     repository: ModelRepository
     drain_timeout: float = 60.0
+    signal: ControlSignal | None = None  # with several workers: API changes go to every worker
     states: dict[str, dict[int, VersionState]] = field(default_factory=dict)
     overrides: dict[str, VersionPolicy] = field(default_factory=dict)  # from the load API's config
     unloaded: set[str] = field(default_factory=set)  # unloaded by the API: not served until loaded again
@@ -292,17 +294,20 @@ class ModelControl:
 
     # The load API.
 
-    async def load(self, name: str, policy: VersionPolicy | None = None) -> None:
+    async def load(self, name: str, policy: VersionPolicy | None = None, *, signal: bool = True) -> None:
         """Load (or load again) model ``name`` as its folder holds it now: Triton's load.
 
         Args:
             policy: a version policy for this model until the next load without one or an unload.
+            signal: tell the other workers too (False: applying another worker's signal).
 
         Raises:
             BadRequest: no such model folder, or a version its policy selects failed to load (400).
         """
         if not NAME_PATTERN.match(name) or not (self.root / name).is_dir():
             raise BadRequest(f"no model folder {name!r} in the model repository")
+        if signal and self.signal is not None:
+            self.signal.publish(name, "load", policy)
         self.unloaded.discard(name)
         if policy is None:
             self.overrides.pop(name, None)
@@ -318,16 +323,19 @@ class ModelControl:
         if name not in self.repository.models:
             raise BadRequest(f"failed to load {name!r}: no complete version folder its version policy selects")
 
-    async def unload(self, name: str) -> None:
+    async def unload(self, name: str, *, signal: bool = True) -> None:
         """Stop serving model ``name`` (every version) until it is loaded again: Triton's unload.
 
         Returns at once; its versions finish their requests in the background, then are released.
+        With ``signal`` the other workers are told too (False: applying another worker's signal).
 
         Raises:
             BadRequest: no such model (400).
         """
         if name not in self.repository.models and not (NAME_PATTERN.match(name) and (self.root / name).is_dir()):
             raise BadRequest(f"no model {name!r} to unload")
+        if signal and self.signal is not None:
+            self.signal.publish(name, "unload", None)
         async with self._lock:
             self.unloaded.add(name)
             self.overrides.pop(name, None)

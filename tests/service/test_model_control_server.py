@@ -30,6 +30,7 @@ from tests.service.test_api import sample
 pytestmark = pytest.mark.slow
 CLIENTS = 8
 CLASSIFY = "/v1/models/vit-digits/classify"
+DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
 
 
 @dataclass
@@ -231,3 +232,28 @@ def test_twenty_unload_load_cycles_of_vit_cifar10_return_their_memory(tmp_path: 
     print(f"RSS after 1 cycle {after_first / 2**20:.1f} MiB, after 20 {after_twenty / 2**20:.1f} MiB, "
           f"growth {growth / 2**20:+.1f} MiB")  # fmt: skip
     assert growth <= 20 * 2**20, f"RSS grew {growth / 2**20:.1f} MiB over 19 cycles"
+
+
+def test_with_two_workers_one_load_request_reaches_both(repository: Path) -> None:
+    env = {
+        "PATCHSERVE_MODEL_REPOSITORY": str(repository),
+        "PATCHSERVE_WORKERS": "2",
+        "PATCHSERVE_INTRA_OP_THREADS": "1",
+    }
+
+    def metric(name: str, **labels: str) -> float:
+        return sample(httpx.get(url + "/metrics").text, name, model="vit-digits", **labels)
+
+    with server_process(env=env, ready_timeout=90) as (url, _):
+        until(lambda: metric("patchserve_model_loads_total", version="1", outcome="success") == 2, "both workers up")
+        publish(repository, "vit-digits", 2)
+        assert httpx.post(url + "/v2/repository/models/vit-digits/load", timeout=60).status_code == 200
+        # the counters add up the workers' and the info gauge is their max: both loaded 2 and released 1
+        until(lambda: metric("patchserve_model_loads_total", version="2", outcome="success") == 2, "2 on both")
+        until(lambda: metric("patchserve_model_info", version="1") == 0, "1 released on both")
+        versions = {httpx.post(url + CLASSIFY, files={"image": DIGIT_7}).json()["version"] for _ in range(40)}
+        assert versions == {"2"}  # each on a new connection, to either worker
+        assert httpx.post(url + "/v2/repository/models/vit-digits/unload", timeout=60).status_code == 200
+        until(lambda: metric("patchserve_model_info", version="2") == 0, "unloaded on both")
+        statuses = {httpx.post(url + CLASSIFY, files={"image": DIGIT_7}).status_code for _ in range(40)}
+        assert statuses == {404}
