@@ -34,7 +34,6 @@ Every method runs on the event loop; one change at a time (a lock), so two loads
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -106,25 +105,32 @@ class ModelControl:
     # What is on disk, and what should serve.
 
     def scan(self, names: set[str] | None = None) -> dict[str, dict[int, _Found]]:
-        """The version folders under the root (of ``names`` only, if given), complete or not."""
+        """The version folders under the root (of ``names`` only, if given), complete or not.
+
+        Raises:
+            OSError: the root or a model folder could not be listed (a folder that vanished while it
+                was scanned, an unmounted volume): the caller changes nothing on a partial view.
+        """
         found: dict[str, dict[int, _Found]] = {}
-        with contextlib.suppress(OSError):
-            for model_dir in sorted(self.root.iterdir()):
-                name = model_dir.name
-                if not model_dir.is_dir() or name.startswith(".") or (names is not None and name not in names):
+        for model_dir in sorted(self.root.iterdir()):
+            name = model_dir.name
+            if not model_dir.is_dir() or name.startswith(".") or (names is not None and name not in names):
+                continue
+            if not NAME_PATTERN.match(name):
+                self._warn_once(f"{model_dir}: not a valid model name (letters, digits, _ . -); ignored")
+                continue
+            versions = found.setdefault(name, {})
+            for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                if not VERSION_PATTERN.fullmatch(version_dir.name):
+                    self._warn_once(f"{version_dir}: a version folder must be a number of at most 9 digits; ignored")
                     continue
-                if not NAME_PATTERN.match(name):
-                    self._warn_once(f"{model_dir}: not a valid model name (letters, digits, _ . -); ignored")
-                    continue
-                versions = found.setdefault(name, {})
-                for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                    if not VERSION_PATTERN.fullmatch(version_dir.name):
-                        self._warn_once(
-                            f"{version_dir}: a version folder must be a number of at most 9 digits; ignored"
-                        )
-                        continue
-                    versions[int(version_dir.name)] = _Found(version_dir, fingerprint(version_dir))
+                versions[int(version_dir.name)] = _Found(version_dir, fingerprint(version_dir))
         return found
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning("%s", message)
 
     def policy(self, name: str) -> VersionPolicy:
         """The model's version policy: the load API's, else its config.json's, else ``latest: 1``.
@@ -165,7 +171,11 @@ class ModelControl:
             force: try again versions that failed with the same files (the load API).
         """
         async with self._lock:
-            found = self.scan(names)
+            try:
+                found = self.scan(names)
+            except OSError as exc:
+                self._warn_once(f"the model repository {self.root} could not be scanned ({exc}); serving is unchanged")
+                return
             targets = set(found) | set(self.repository.models) | set(self.states)
             for name in sorted(targets if names is None else names):
                 await self._sync_model(name, found.get(name, {}), settled=settled, force=force)
@@ -346,7 +356,11 @@ class ModelControl:
 
     def index(self) -> list[dict[str, str]]:
         """Every model in the folder or served, by version: Triton's repository index entries."""
-        names = set(self.repository.models) | set(self.states) | set(self.scan()) | set(self.config_errors)
+        try:
+            on_disk = set(self.scan())
+        except OSError:
+            on_disk = set()
+        names = set(self.repository.models) | set(self.states) | on_disk | set(self.config_errors)
         entries = []
         for name in sorted(names):
             versions = {v: VersionState(READY) for v in self.repository.models.get(name, {})}

@@ -186,3 +186,54 @@ async def test_unload_then_load_and_the_switches(repository: Path) -> None:
     async with running_app(make_settings(model_repository=repository, api_keys=["k1"])) as client:
         assert (await client.post(UNLOAD)).status_code == 401
         assert (await client.post(UNLOAD, headers={"Authorization": "Bearer k1"})).status_code == 200
+
+
+async def test_a_version_loaded_while_serving_reuses_the_tuners_result_and_never_measures(
+    repository: Path, tmp_path: Path
+) -> None:
+    tuned = {"auto_tune": True, "instances": None, "tune_point_seconds": 0.02, "tune_max_batch_size": 4}
+    settings = make_settings(model_repository=repository, tune_cache=tmp_path / "cache", tune_busy_cores=64, **tuned)
+    async with running_app(settings) as client:
+        first = (await client.get("/v1/models/vit-digits")).json()["versions"][0]["autotune"]
+        assert first["source"] == "measured"  # at start-up, nothing else serving: measured (and cached)
+        publish(repository, "vit-digits", 2, "copy")  # the same graph: the cached result is its own
+        assert (await client.post(LOAD)).status_code == 200
+        second = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
+        assert second["version"] == "2" and second["autotune"]["source"] == "cache"
+        assert second["autotune"]["chosen"] == first["chosen"]
+        assert second["autotune"]["measured_at"] == first["measured_at"]  # the start-up measurement, read back
+        publish(repository, "vit-digits", 3)  # another graph, nothing cached: version 2's choice, not a measurement
+        assert (await client.post(LOAD)).status_code == 200
+        third = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
+        assert third["version"] == "3" and third["autotune"]["source"].startswith("reused from version 2")
+        assert third["autotune"]["chosen"] == first["chosen"]
+        assert third["batching"]["max_batch_size"] == first["chosen"]["max_batch_size"]
+        assert not list((tmp_path / "cache").glob("vit-digits-3-*.json"))  # nothing was measured for it
+
+
+async def test_a_poll_loads_a_version_only_once_its_files_are_complete_and_settled(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        models = client.app.state.server.repository.models
+        half = repository / "vit-digits" / "3"
+        half.mkdir()
+        shutil.copy(repository / "vit-digits" / "1" / "model.onnx", half / "model.onnx")  # no model.json yet
+        publish(repository, "vit-digits", 2)
+        await control(client).sync()  # the poller's call: version 2 seen once, not yet settled
+        assert set(models["vit-digits"]) == {1}
+        await control(client).sync()  # unchanged since: loaded, and version 1 retired (latest 1)
+        assert set(models["vit-digits"]) == {2}
+        await control(client).sync()
+        assert set(models["vit-digits"]) == {2} and "3" not in {e["version"] for e in (await client.post(INDEX)).json()}
+        (half / "junk").mkdir()
+        (repository / "vit-digits" / "not-a-version").mkdir()  # ignored, with one warning
+        (repository / "vit-digits" / "config.json").write_text("{not json")
+        await control(client).sync()  # an invalid config.json: what serves is unchanged
+        assert set(models["vit-digits"]) == {2}
+        described = (await client.get("/v1/models/vit-digits")).json()
+        assert "not JSON" in described["version_policy"]["error"]
+        assert (await client.get("/readyz")).status_code == 200
+        moved = repository.rename(repository.with_name("elsewhere"))  # an unmounted volume: nothing to list
+        await control(client).sync()
+        assert set(models["vit-digits"]) == {2}  # nothing retired on a view it could not read
+        assert (await classify(client)).json()["version"] == "2"
+        moved.rename(repository)
