@@ -282,11 +282,10 @@ class ModelControl:
             log.warning("model %s version %d: %d request(s) still held it after %.0f s; releasing it anyway",
                         model.name, model.version, model.users, self.drain_timeout)  # fmt: skip
         await model.release()
-        metrics.MODEL_INFO.labels(
-            model.name, str(model.version), model.manifest.task, model.runner.providers.primary
-        ).set(0)
         states = self.states.get(model.name, {})
-        if model.version not in self.repository.models.get(model.name, {}):
+        if model.version not in self.repository.models.get(model.name, {}):  # (else: new files of it serve)
+            labels = (model.name, str(model.version), model.manifest.task, model.runner.providers.primary)
+            metrics.MODEL_INFO.labels(*labels).set(0)
             self._serving.pop((model.name, model.version), None)
             if states.get(model.version, VersionState("")).state == UNLOADING:
                 if reason:

@@ -237,3 +237,20 @@ async def test_a_poll_loads_a_version_only_once_its_files_are_complete_and_settl
         assert set(models["vit-digits"]) == {2}  # nothing retired on a view it could not read
         assert (await classify(client)).json()["version"] == "2"
         moved.rename(repository)
+
+
+async def test_a_version_rewritten_in_place_is_loaded_again_and_swapped(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        old = client.app.state.server.repository.get("vit-digits", "1")
+        assert (await classify(client)).json()["predictions"][0]["label"] == "7"
+        publish(repository, "vit-digits", 2)
+        # new files for version 1, each replaced atomically (os.replace), as a re-export would
+        (repository / "vit-digits" / "2" / "model.onnx").replace(repository / "vit-digits" / "1" / "model.onnx")
+        shutil.rmtree(repository / "vit-digits" / "2")
+        assert (await client.post(LOAD)).status_code == 200
+        answer = (await classify(client)).json()
+        assert answer["version"] == "1" and answer["predictions"][0]["label"] == "2"  # the reversed graph
+        await control(client).until_retired()
+        assert old.released and client.app.state.server.repository.get("vit-digits", "1") is not old
+        metrics = (await client.get("/metrics")).text
+        assert sample(metrics, "patchserve_model_info", model="vit-digits", version="1") == 1
