@@ -254,3 +254,29 @@ async def test_a_version_rewritten_in_place_is_loaded_again_and_swapped(reposito
         assert old.released and client.app.state.server.repository.get("vit-digits", "1") is not old
         metrics = (await client.get("/metrics")).text
         assert sample(metrics, "patchserve_model_info", model="vit-digits", version="1") == 1
+
+
+async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        loader, proceed = control(client).loader, threading.Event()
+
+        class SlowLoader:  # the load of version 2 waits, in its worker thread, until told to go on
+            tuner = loader.tuner
+
+            def load(self, *args, **kwargs):
+                proceed.wait(60)
+                return loader.load(*args, **kwargs)
+
+        control(client).loader = SlowLoader()
+        publish(repository, "vit-digits", 2)
+        loading = asyncio.create_task(client.post(LOAD))
+        await until(lambda: control(client).states.get("vit-digits", {}).get(2) is not None, "version 2 loading")
+        states = {e["version"]: e["state"] for e in (await client.post(INDEX)).json()}
+        assert states == {"1": "READY", "2": "LOADING"}
+        answers = await asyncio.gather(*(classify(client) for _ in range(4)))  # served meanwhile, by version 1
+        assert [(a.status_code, a.json()["version"]) for a in answers] == [(200, "1")] * 4
+        assert (await client.get("/readyz")).status_code == 200
+        assert not loading.done()
+        proceed.set()
+        assert (await loading).status_code == 200
+        assert (await classify(client)).json()["version"] == "2"
