@@ -134,6 +134,18 @@ class Settings(BaseSettings):
         None,
         description="Folder of the auto-tuner's results, by model file and machine (unset: the user's cache folder).",
     )
+    repository_poll_seconds: float = Field(
+        0.0,
+        ge=0.0,
+        le=86400.0,
+        description="Seconds between scans of the model repository for new, changed or removed versions "
+        "(0: no polling; the repository API still loads and unloads). See docs/model-control.md.",
+    )
+    model_control_api: bool = Field(
+        True,
+        description="Serve POST /v2/repository/models/{name}/load and .../unload (behind the API keys when "
+        "they are set); false: they answer 403.",
+    )
     io_binding: bool = Field(False, description="Run through an ONNX Runtime IO binding (batch bound on the device).")
     cuda_device_id: int = Field(0, ge=0, description="The GPU the CUDA execution provider runs on.")
     cudnn_conv_algo_search: Literal["EXHAUSTIVE", "HEURISTIC", "DEFAULT"] = Field(

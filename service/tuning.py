@@ -292,9 +292,15 @@ class TuneCache:
     def path(self, name: str, version: int, key: str) -> Path:
         return self.folder / f"{name}-{version}-{key[:20]}.json"
 
-    def load(self, name: str, version: int, key: str) -> TuneResult | None:
-        """The cached result for ``key``, or None (missing, unreadable, or another key's)."""
+    def load(self, name: str, version: int, key: str, *, any_version: bool = False) -> TuneResult | None:
+        """The cached result for ``key``, or None (missing, unreadable, or another key's).
+
+        With ``any_version`` the result may have been cached under another model name or version
+        (the key holds the graph's hash: the same graph gets the same result).
+        """
         path = self.path(name, version, key)
+        if any_version and not path.exists():
+            path = next(iter(sorted(self.folder.glob(f"*-{key[:20]}.json"))), path)
         try:
             data = json.loads(path.read_text())
             result = TuneResult.from_dict(data)
@@ -456,8 +462,12 @@ class Tuner:
         share: int,
         fixed_instances: int | None = None,
         fixed_batch_size: int | None = None,
+        cached_only: bool = False,
     ) -> TuneResult | None:
         """Measure (or read from the cache) one model version's curve and choose from it.
+
+        With ``cached_only`` (a version loaded while others serve) nothing is measured: the cached
+        result for this graph, whatever version it was cached under, or None.
 
         Args:
             graph: its model.onnx.
@@ -495,6 +505,12 @@ class Tuner:
             "tolerance": TOLERANCE,
         }
         key = cache_key(graph_digest(graph), identity, request)
+        if cached_only:
+            cached = self.cache.load(name, version, key, any_version=True) if self.cache is not None else None
+            if cached is not None:
+                log.info("model %s version %d: auto-tune result from %s (loaded while serving)", name, version,
+                         cached.cache_file)  # fmt: skip
+            return cached
 
         def make_runners(n: int) -> list[RunFn]:
             threads, spinning = threads_for(n)
