@@ -9,7 +9,8 @@ finished recipe to ``docs/detr-digits-experiments/results.md`` (and ``results.js
 is resumable: run the same command again after an interruption and it continues from
 ``last.pt``; ``--sitting-steps N`` stops each call after N steps, so a long schedule is trained
 in several sittings; a finished recipe is not trained again. ``--all`` runs every recipe in
-turn; ``--summary`` only rewrites the table.
+turn; ``--summary`` only rewrites the table; ``--time-steps`` prints each recipe's CPU seconds
+per training step (:func:`step_seconds`), from which docs/detr-recipe.md estimates the hours.
 
 The recipes (all at the committed recipe's data and schedule unless they say otherwise; all
 but ``baseline-letterbox`` take the canvases at their own size in buckets with the pixel mask,
@@ -135,6 +136,55 @@ def run_recipe(
     return metrics
 
 
+def step_seconds(
+    name: str, *, steps: int = 12, warmup: int = 2, canvases: int = 1600, batch_size: int = 32
+) -> dict[str, float]:
+    """CPU and wall seconds per training step of recipe ``name`` (the estimates in docs/detr-recipe.md).
+
+    Full batches of ``batch_size`` from ``canvases`` generated train canvases, the recipe's model,
+    loss and input format, one optimiser step each; the first ``warmup`` steps are not counted.
+    """
+    import os
+    import time
+
+    import torch
+
+    from models.detection_data import make_split
+    from models.detr import build
+    from models.detr_inputs import INPUT_FORMATS, epoch_batches
+    from models.losses import CLASSIFICATIONS, build_criterion
+
+    options = RECIPES[name]
+    form = INPUT_FORMATS[options.get("inputs", "letterbox")]
+    classification, groups = options.get("classification", "softmax"), options.get("groups", 1)
+    torch.manual_seed(0)
+    model = build(
+        "digits-small",
+        **options.get("overrides", {}),
+        classification=CLASSIFICATIONS[classification].head,
+        num_groups=groups,
+    ).train()
+    criterion = build_criterion(model.config.num_classes, classification=classification, num_groups=groups)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    prepared = form.prepare(make_split("train", canvases))
+    generator = torch.Generator().manual_seed(0)
+    batches: list = []
+    while len(batches) < steps + warmup:
+        batches += [b for b in epoch_batches(prepared.buckets, batch_size, generator) if len(b) == batch_size]
+    cpu = wall = 0.0
+    for i, index in enumerate(batches[: steps + warmup]):
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
+        images, mask, targets = form.batch(prepared, index)
+        loss = criterion(model(images, mask), targets)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if i >= warmup:
+            cpu += time.process_time() - cpu_start
+            wall += time.perf_counter() - wall_start
+    return {"cpu_seconds": cpu / steps, "wall_seconds": wall / steps, "load": os.getloadavg()[0]}
+
+
 def collect(docs: Path) -> dict[str, dict[str, Any]]:
     """The metrics of every finished recipe under ``docs``, by name, in ``RECIPES`` order."""
     found = {}
@@ -197,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--run", choices=sorted(RECIPES), help="train (or continue) one recipe")
     which.add_argument("--all", action="store_true", help="every recipe in turn")
     which.add_argument("--summary", action="store_true", help="only rewrite the results table")
+    which.add_argument("--time-steps", action="store_true", help="print each recipe's seconds per step")
     parser.add_argument("--runs", type=Path, default=Path("runs/detr-experiments"), help="checkpoints")
     parser.add_argument("--docs", type=Path, default=Path("docs/detr-digits-experiments"), help="metrics, curves")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
@@ -204,6 +255,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few canvases (tests the runner)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.time_steps:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        for name in RECIPES:
+            timing = step_seconds(name)
+            print(
+                f"{name}: {timing['cpu_seconds']:.3f} CPU s, {timing['wall_seconds']:.3f} s per step "
+                f"(load {timing['load']:.1f})",
+                flush=True,
+            )
+        return
     names = [] if args.summary else list(RECIPES) if args.all else [args.run]
     for name in names:
         finished = run_recipe(

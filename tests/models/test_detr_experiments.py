@@ -72,3 +72,10 @@ def test_a_smoke_run_resumes_across_sittings_and_writes_the_docs(tmp_path) -> No
     assert "| focal-50q-group6 (chosen) |" in text and "Not run yet:" in text
     main(argv)  # finished: not trained again
     assert json.loads((docs / "focal-50q-group6" / "metrics.json").read_text()) == metrics
+
+
+def test_step_seconds_times_full_batches_of_a_recipe() -> None:
+    from models.detr_experiments import step_seconds
+
+    timing = step_seconds("group11", steps=1, warmup=0, canvases=24, batch_size=4)
+    assert timing["cpu_seconds"] > 0 and timing["wall_seconds"] > 0
