@@ -205,12 +205,15 @@ class SetCriterion(nn.Module):
         """Every loss, by name; auxiliary ones end in ``_<layer>`` (``loss_ce_0``, ...).
 
         Args:
-            outputs: :class:`models.detr.DETR`'s output dict (``aux_outputs`` optional).
+            outputs: :class:`models.detr.DETR`'s output dict (``aux_outputs`` optional); with
+                ``num_groups`` K, training-mode outputs of K * N queries, group k at
+                ``[k N, (k + 1) N)``.
             targets: one dict per image: ``labels`` int64 (M_b,), ``boxes`` (M_b, 4)
                 normalised cxcywh.
 
         Returns:
-            The losses, ``loss`` (the weighted total to minimise) and ``cardinality_error``.
+            The losses, ``loss`` (the weighted total to minimise) and ``cardinality_error``
+            (of group 0, the one inference keeps).
         """
         num_boxes = max(float(sum(len(t["labels"]) for t in targets)), 1.0)
         losses = self._losses(outputs, targets, num_boxes)
@@ -220,7 +223,8 @@ class SetCriterion(nn.Module):
             total = total + sum(self.weights[k] * v for k, v in aux_losses.items())
             losses.update({f"{k}_{i}": v for k, v in aux_losses.items()})
         losses["loss"] = total
-        losses["cardinality_error"] = self.cardinality_error(outputs, targets)
+        group_0 = {k: outputs[k].chunk(self.num_groups, 1)[0] for k in ("pred_logits", "pred_boxes")}
+        losses["cardinality_error"] = self.cardinality_error(group_0, targets)  # what inference would count
         return losses
 
 
