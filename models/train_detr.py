@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shlex
 import sys
 import time
@@ -54,7 +53,7 @@ from models.detection_eval import coco_ap, set_quality
 from models.detr import DETR, build, config_dict, for_inference
 from models.detr_inputs import INPUT_FORMATS, PREPROCESSING, InputFormat, epoch_batches
 from models.losses import CLASSIFICATIONS, build_criterion
-from models.training import plot_curves, seed_everything, write_json
+from models.training import machine, plot_curves, seed_everything, write_json
 
 CONFIG = "digits-small"
 LABELS = [*DIGIT_CLASSES, "no-object"]  # DETR's "no object" class last
@@ -115,20 +114,6 @@ def evaluate(
     truth = to_coco(canvases)
     quality = set_quality(truth, detections, threshold=0.5)
     return {**coco_ap(truth, detections), **{k: quality[k] for k in QUALITY}}
-
-
-def machine() -> str:
-    """The CPU this runs on, in words: model name, cores this process may use, load."""
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return f"{name}, {cores} cores available, load {os.getloadavg()[0]:.1f} at the end"
 
 
 def pretrain_backbone(
