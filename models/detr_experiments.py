@@ -126,7 +126,12 @@ def run_recipe(
         resume = out / "last.pt" if (out / "last.pt").exists() else None
         if resume is not None:
             log.info("%s: resuming from %s", name, resume)
-        metrics = train(out, threads=threads, resume=resume, sitting_steps=sitting_steps, quiet=False, **options)
+        recipe = (
+            f"python -m models.detr_experiments --run {name} (= python -m models.train_detr {train_flags(options)})"
+        )
+        metrics = train(
+            out, threads=threads, resume=resume, sitting_steps=sitting_steps, quiet=False, recipe=recipe, **options
+        )
         if "test_AP" not in metrics:
             log.info("%s: stopped at step %d of %d; run again to continue", name, metrics["step"], metrics["steps"])
             return None

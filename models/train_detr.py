@@ -193,6 +193,7 @@ def train(
     overrides: dict[str, Any] | None = None,
     inputs: str = "letterbox",
     sitting_steps: int | None = None,
+    recipe: str | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate on the test split, and write the checkpoint, metrics and curves.
 
@@ -212,6 +213,8 @@ def train(
         overrides: :class:`models.detr.DETRConfig` fields to change (e.g. ``num_queries``).
         inputs: a key of :data:`models.detr_inputs.INPUT_FORMATS`.
         sitting_steps: stop after this many steps of this call (``last.pt`` written; resume later).
+        recipe: the command recorded as the checkpoint's recipe (default: this process's
+            ``python -m models.train_detr`` arguments).
 
     Returns:
         The metrics written to ``metrics.json``; after a sitting that stopped before ``steps``,
@@ -220,6 +223,8 @@ def train(
     torch.set_num_threads(threads)
     generator = seed_everything(seed)
     form, input_format = CLASSIFICATIONS[classification], INPUT_FORMATS[inputs]
+    if {"classification", "num_groups"} & set(overrides or {}):
+        raise ValueError("set the classification and the query groups with --classification and --groups, not --set")
     sizes = {**SPLIT_SIZES, **(split_sizes or {})}
     splits = {split: load_split(split, data, sizes[split]) for split in ("train", "val", "test")}
     train_set = input_format.prepare(splits["train"])
@@ -342,7 +347,7 @@ def train(
         "inputs": inputs,
         "config_overrides": dict(overrides or {}),
     }
-    save_checkpoint(for_inference(model), out / "checkpoint.pt", metrics, sizes, input_format, form.postprocess)
+    save_checkpoint(for_inference(model), out / "checkpoint.pt", metrics, sizes, input_format, form.postprocess, recipe)
     write_json(metrics, out / "metrics.json")
     plot_curves(
         history,
@@ -360,6 +365,7 @@ def save_checkpoint(
     sizes: dict[str, int],
     inputs: InputFormat | None = None,
     postprocess: str = "softmax",
+    recipe: str | None = None,
 ) -> None:
     """The checkpoint export reads: architecture, config, weights, labels, preprocessing, provenance.
 
@@ -384,7 +390,7 @@ def save_checkpoint(
             "metrics": metrics,
             "split_sizes": sizes,
             "training_data": TRAINING_DATA.format(**{k: f"{v:,}" for k, v in sizes.items()}),
-            "recipe": "python -m models.train_detr " + shlex.join(sys.argv[1:]),
+            "recipe": recipe or "python -m models.train_detr " + shlex.join(sys.argv[1:]),
             "torch_version": torch.__version__,
         },
         path,

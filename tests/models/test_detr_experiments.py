@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from models.detr_experiments import RECIPES, choose, main, table, train_flags
 
@@ -65,6 +66,9 @@ def test_a_smoke_run_resumes_across_sittings_and_writes_the_docs(tmp_path) -> No
     metrics = json.loads((docs / "focal-50q-group6" / "metrics.json").read_text())
     assert metrics["steps"] == 4 and metrics["groups"] == 6 and metrics["classification"] == "focal"
     assert (docs / "focal-50q-group6" / "training_curves.png").stat().st_size > 10_000
+    checkpoint = torch.load(runs / "focal-50q-group6" / "checkpoint.pt", weights_only=False)
+    assert checkpoint["recipe"].startswith("python -m models.detr_experiments --run focal-50q-group6 (= ")
+    assert "--classification focal --groups 6" in checkpoint["recipe"] and checkpoint["postprocess"] == "sigmoid"
     summary = json.loads((docs / "results.json").read_text())
     assert summary["chosen"] == "focal-50q-group6"
     assert "val_duplicate_canvas_fraction" in summary["recipes"]["focal-50q-group6"]

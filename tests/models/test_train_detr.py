@@ -144,3 +144,8 @@ def test_a_schedule_longer_than_a_sitting_resumes_to_the_same_end(tmp_path) -> N
     assert metrics["steps"] == 4 and (out / "checkpoint.pt").exists()
     last = torch.load(out / "last.pt", weights_only=False)
     assert last["step"] == 4 and len(last["history"]["train loss"]) == 4
+
+
+def test_groups_and_classification_are_not_set_through_overrides(tmp_path) -> None:
+    with pytest.raises(ValueError, match="--groups"):
+        train(tmp_path, **TINY, overrides={"num_groups": 3}, quiet=True)
