@@ -18,6 +18,10 @@ Two training variants, both one-to-one at inference (no NMS):
   queries in training, each matched one-to-one to the targets on its own, the decoder's
   self-attention kept within a group; in eval mode, and after :func:`for_inference`, only
   group 0 is decoded, so outputs and the exported graph keep ``num_queries`` queries.
+* ``dn_groups=P`` (DN-DETR, Li et al. 2022): given the targets in training, P groups of noised
+  ground-truth queries are decoded beside the matching ones (:mod:`models.denoising`) and
+  returned apart, under ``"dn"``; without targets, in eval mode and after
+  :func:`for_inference`, there are none.
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ class DETRConfig:
         classification: "softmax" (DETR: num_classes + 1 outputs, "no object" last) or
             "sigmoid" (Deformable DETR's focal form: num_classes outputs, no "no object").
         num_groups: Group DETR's query groups in training (1: plain DETR).
+        dn_groups, dn_label_noise, dn_box_noise: DN-DETR's denoising groups in training (0:
+            none), label flip probability and box noise scale (0.2 and 0.4 in the paper).
     """
 
     num_classes: int = 91
@@ -75,6 +81,9 @@ class DETRConfig:
     aux_loss: bool = True
     classification: Literal["softmax", "sigmoid"] = "softmax"
     num_groups: int = 1
+    dn_groups: int = 0
+    dn_label_noise: float = 0.2
+    dn_box_noise: float = 0.4
 
 
 FOCAL_PRIOR = 0.01  # Lin et al. 2017, Sec. 4.1: every class starts at probability ~0.01
@@ -171,6 +180,9 @@ class DETR(nn.Module):
         if not no_object:
             nn.init.constant_(self.class_embed.bias, -math.log((1 - FOCAL_PRIOR) / FOCAL_PRIOR))
         self.bbox_embed = MLP(d, d, 4, 3)
+        if config.dn_groups:  # DN-DETR: a noised label's content, a noised box's position
+            self.dn_label_embed = nn.Embedding(config.num_classes + 1, d)  # + 1: padding slots
+            self.dn_box_embed = MLP(4, d, d, 2)
 
     def queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The object queries decoded now and their self-attention mask.
@@ -186,7 +198,12 @@ class DETR(nn.Module):
         group = torch.arange(n * groups, device=queries.device) // n  # (Q,) each query's group
         return queries, group[:, None] == group[None, :]  # (Q, Q) block diagonal
 
-    def forward(self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None) -> dict[str, Any]:
+    def forward(
+        self,
+        images: torch.Tensor,
+        pixel_mask: torch.Tensor | None = None,
+        targets: list[dict[str, torch.Tensor]] | None = None,
+    ) -> dict[str, Any]:
         features = self.backbone(images)  # (B, C_backbone, H', W')
         src = self.input_proj(features)  # (B, d, H', W')
         mask = None
@@ -195,15 +212,47 @@ class DETR(nn.Module):
             mask = valid < 0.5  # (B, H', W') True on padding
         pos = self.position_encoding(src, mask).to(src.dtype)  # (B, d, H', W')
         queries, query_mask = self.queries()  # (Q, d), (Q, Q) or None
-        hs = self.transformer(src, queries, pos, mask, query_mask)  # (L, B, Q, d)
+        tgt, dn = None, None
+        if self.training and self.config.dn_groups and targets is not None:
+            queries, query_mask, tgt, dn = self._with_denoising(queries, query_mask, targets, src.shape[0])
+        hs = self.transformer(src, queries, pos, mask, query_mask, tgt)  # (L, B, Q [+ P M], d)
         logits = self.class_embed(hs)  # (L, B, Q, num_classes + 1), or num_classes for "sigmoid"
         boxes = self.bbox_embed(hs).sigmoid()  # (L, B, Q, 4) normalised cxcywh
+        if dn is not None:  # the denoising queries come after the matching ones
+            q = logits.shape[2] - dn["labels"].shape[1]
+            dn.update(self._outputs(logits[:, :, q:], boxes[:, :, q:]))
+            logits, boxes = logits[:, :, :q], boxes[:, :, :q]
+        out = self._outputs(logits, boxes)
+        if dn is not None:
+            out["dn"] = dn
+        return out
+
+    def _outputs(self, logits: torch.Tensor, boxes: torch.Tensor) -> dict[str, Any]:
+        """Per-layer logits and boxes (L, B, Q, .) -> the last layer's, and the others as ``aux_outputs``."""
         out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.config.aux_loss:
             out["aux_outputs"] = [
                 {"pred_logits": a, "pred_boxes": b} for a, b in zip(logits[:-1], boxes[:-1], strict=True)
             ]
         return out
+
+    def _with_denoising(
+        self, queries: torch.Tensor, query_mask: torch.Tensor | None, targets: list, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The matching queries with DN-DETR's denoising queries appended: positions (B, Q + P M, d),
+        the attention mask, the initial content (zeros for the matching ones) and the denoising meta."""
+        from models.denoising import attention_mask, noised_queries
+
+        c = self.config
+        dn = noised_queries(targets, c.dn_groups, c.num_classes, label_noise=c.dn_label_noise, box_noise=c.dn_box_noise)
+        positions = self.dn_box_embed(dn["boxes"])  # (B, P M, d)
+        content = self.dn_label_embed(dn["labels"])  # (B, P M, d)
+        n = queries.shape[0]
+        matching = query_mask if query_mask is not None else torch.ones(n, n, dtype=torch.bool)
+        mask = attention_mask(matching, c.dn_groups, int(dn["group_size"]))
+        positions = torch.cat([queries.unsqueeze(0).expand(batch, -1, -1), positions], dim=1)
+        content = torch.cat([torch.zeros(batch, n, queries.shape[1]), content], dim=1)
+        return positions, mask, content, dn
 
 
 class DETRForExport(nn.Module):
@@ -225,12 +274,12 @@ class DETRForExport(nn.Module):
 
 
 def for_inference(model: DETR) -> DETR:
-    """A copy of ``model`` with only what inference uses: group 0's queries, ``num_groups=1``.
+    """A copy of ``model`` with only what inference uses: group 0's queries, no denoising embeddings.
 
     Its outputs equal ``model``'s in eval mode; the exported graph is the plain DETR's.
     """
-    config = replace(model.config, num_groups=1)
-    state = dict(model.state_dict())
+    config = replace(model.config, num_groups=1, dn_groups=0)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("dn_")}  # training-only
     state["query_embed.weight"] = state["query_embed.weight"][: config.num_queries].clone()
     inference = DETR(config)
     inference.load_state_dict(state)

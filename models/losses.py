@@ -180,6 +180,35 @@ class SetCriterion(nn.Module):
         true = torch.as_tensor([len(t["labels"]) for t in targets], dtype=torch.float32, device=predicted.device)
         return (predicted - true).abs().mean()
 
+    def denoising_losses(
+        self, layer: dict[str, torch.Tensor], dn: dict[str, torch.Tensor], num_boxes: float
+    ) -> dict[str, torch.Tensor]:
+        """DN-DETR's reconstruction losses of one decoder layer's denoising outputs (Li et al. 2022, Sec. 3.1).
+
+        Every valid denoising query is paired with the object it was noised from: the class loss
+        towards that object's class (cross-entropy averaged over those queries, or the focal loss
+        over every denoising query and class / boxes), L1 and 1 - GIoU of the boxes, summed and
+        divided by the number of boxes times the denoising groups.
+        """
+        valid = dn["valid"]  # (B, P M)
+        groups = valid.shape[1] // int(dn["group_size"])
+        norm = num_boxes * groups
+        labels, target = dn["target_labels"][valid], dn["target_boxes"][valid]  # (V,), (V, 4)
+        pred = layer["pred_boxes"][valid]  # (V, 4)
+        if self.classification.loss == "loss_focal":
+            logits = layer["pred_logits"][valid]  # (V, num_classes)
+            onehot = torch.zeros_like(logits)
+            onehot[torch.arange(len(labels)), labels] = 1.0
+            class_loss = {"loss_focal": sigmoid_focal_loss(logits, onehot) / norm}
+        else:
+            class_loss = {"loss_ce": F.cross_entropy(layer["pred_logits"][valid], labels)}
+        giou = torch.diag(generalized_box_iou(box_cxcywh_to_xyxy(pred), box_cxcywh_to_xyxy(target)))
+        return {
+            **class_loss,
+            "loss_bbox": F.l1_loss(pred, target, reduction="none").sum() / norm,
+            "loss_giou": (1 - giou).sum() / norm,
+        }
+
     def _losses(
         self, outputs: dict[str, Any], targets: list[dict[str, torch.Tensor]], num_boxes: float
     ) -> dict[str, torch.Tensor]:
@@ -222,6 +251,13 @@ class SetCriterion(nn.Module):
             aux_losses = self._losses(aux, targets, num_boxes)
             total = total + sum(self.weights[k] * v for k, v in aux_losses.items())
             losses.update({f"{k}_{i}": v for k, v in aux_losses.items()})
+        if "dn" in outputs:  # DN-DETR: reconstruct each noised object, no matching
+            dn = outputs["dn"]
+            layers = [(dn, ""), *((aux, f"_{i}") for i, aux in enumerate(dn.get("aux_outputs", [])))]
+            for layer, suffix in layers:
+                dn_losses = self.denoising_losses(layer, dn, num_boxes)
+                total = total + sum(self.weights[k] * v for k, v in dn_losses.items())
+                losses.update({f"{k}_dn{suffix}": v for k, v in dn_losses.items()})
         losses["loss"] = total
         group_0 = {k: outputs[k].chunk(self.num_groups, 1)[0] for k in ("pred_logits", "pred_boxes")}
         losses["cardinality_error"] = self.cardinality_error(group_0, targets)  # what inference would count

@@ -26,7 +26,8 @@ Recipe levers (issue 21; defaults keep the recipe above), each registered in one
 loss and cost, no "no object" class; the checkpoint's ``postprocess`` becomes ``"sigmoid"``),
 ``--groups K`` (Group DETR: K query groups matched one-to-one each, only group 0 kept in the
 checkpoint), ``--set FIELD=VALUE`` (any ``models.detr.DETRConfig`` field, e.g.
-``num_queries=100`` or ``num_decoder_layers=6``), ``--inputs bucket|padded``
+``num_queries=100``, ``num_decoder_layers=6``, or ``dn_groups=5`` for DN-DETR's denoising
+queries), ``--inputs bucket|padded``
 (``models.detr_inputs.INPUT_FORMATS``: canvases at their own size with a pixel mask instead of
 letterboxed, issue 18). ``--sitting-steps N`` stops after N steps of this call, with ``last.pt``
 written, to ``--resume`` in a later sitting. Every evaluation reports, beside AP, what users see
@@ -297,7 +298,7 @@ def train(
             batches = epoch_batches(train_set.buckets, batch_size, generator)[::-1]  # popped from the end
         images, mask, targets = input_format.batch(train_set, batches.pop())
         model.train()
-        losses = criterion(model(images, mask), targets)
+        losses = criterion(model(images, mask, targets), targets)  # targets: DN-DETR's noised queries, if any
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_max_norm)

@@ -196,16 +196,18 @@ class Transformer(nn.Module):
         pos: torch.Tensor,
         mask: torch.Tensor | None = None,
         query_mask: torch.Tensor | None = None,
+        tgt: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Encode the image, decode the queries.
 
         Args:
             src: projected backbone features (B, d, H, W).
-            query_embed: the learned object queries (N, d).
+            query_embed: the object queries' positions, (N, d) shared by the batch or (B, N, d).
             pos: the position encoding of ``src`` (B, d, H, W).
             mask: bool (B, H, W), True on padded positions of ``src``; None: none padded.
             query_mask: bool (N, N), True where query i may attend to query j in the decoder's
                 self-attention; None: every query sees every other.
+            tgt: the queries' initial content (B, N, d); None: zeros, as DETR's.
 
         Returns:
             Every decoder layer's output after the final LayerNorm, (L, B, N, d); the last
@@ -220,8 +222,8 @@ class Transformer(nn.Module):
         if self.encoder_norm is not None:
             memory = self.encoder_norm(memory)
 
-        query_pos = query_embed.unsqueeze(0).expand(B, -1, -1)  # (B, N, d)
-        tgt = torch.zeros_like(query_pos)
+        query_pos = query_embed if query_embed.dim() == 3 else query_embed.unsqueeze(0).expand(B, -1, -1)  # (B, N, d)
+        tgt = torch.zeros_like(query_pos) if tgt is None else tgt
         intermediate = []
         for layer in self.decoder_layers:
             tgt = layer(tgt, memory, pos, query_pos, padding, query_mask)

@@ -108,8 +108,9 @@ TINY = {"data": None, "steps": 2, "lr_drop": 1, "warmup_steps": 1, "eval_every":
         {"groups": 2},
         {"overrides": {"num_queries": 10, "num_decoder_layers": 4}},
         {"inputs": "bucket"},
+        {"overrides": {"dn_groups": 2}},
     ],
-    ids=["focal", "groups", "overrides", "bucket"],
+    ids=["focal", "groups", "overrides", "bucket", "denoising"],
 )
 def test_each_recipe_lever_trains_and_writes_what_export_needs(tmp_path, options) -> None:
     out = tmp_path / "run"
@@ -125,6 +126,7 @@ def test_each_recipe_lever_trains_and_writes_what_export_needs(tmp_path, options
     assert state["class_embed.weight"].shape[0] == (10 if focal else 11)
     # Group DETR's extra groups are training-only: the checkpoint holds group 0.
     assert config["num_groups"] == 1 and metrics["groups"] == options.get("groups", 1)
+    assert config["dn_groups"] == 0 and not any(k.startswith("dn_") for k in state)  # DN-DETR: training only
     queries = options.get("overrides", {}).get("num_queries", 25)
     assert state["query_embed.weight"].shape == (queries, 128) and config["num_queries"] == queries
     assert config["num_decoder_layers"] == options.get("overrides", {}).get("num_decoder_layers", 3)
