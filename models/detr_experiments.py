@@ -22,6 +22,7 @@ issue 18 item 4, so that the chosen one is the one retrain both issues need):
 * ``group11``: Group DETR, 11 groups of 25 queries in training (Chen et al. 2023, Sec. 4: K = 11);
 * ``focal-50q-group6``: both, 6 groups of 50 sigmoid queries;
 * ``6-decoder-layers``: DETR's decoder depth (Carion et al. 2020 use 6);
+* ``focal-100q-dn5``: ``focal-100q`` with DN-DETR's 5 denoising groups (Li et al. 2022, Sec. 4.1);
 * ``focal-100q-6dec-long``: focal, 100 queries, 6 decoder layers, a 2x schedule (19,000 steps).
 
 The choice (:func:`choose`) is made on the **validation** split, by the duplicate rate first:
@@ -49,6 +50,7 @@ RECIPES: dict[str, dict[str, Any]] = {
     "group11": {**BUCKET, "groups": 11},
     "focal-50q-group6": {**BUCKET, "classification": "focal", "groups": 6, "overrides": {"num_queries": 50}},
     "6-decoder-layers": {**BUCKET, "overrides": {"num_decoder_layers": 6}},
+    "focal-100q-dn5": {**BUCKET, "classification": "focal", "overrides": {"num_queries": 100, "dn_groups": 5}},
     "focal-100q-6dec-long": {
         **BUCKET,
         "classification": "focal",
@@ -180,7 +182,7 @@ def step_seconds(
     for i, index in enumerate(batches[: steps + warmup]):
         cpu_start, wall_start = time.process_time(), time.perf_counter()
         images, mask, targets = form.batch(prepared, index)
-        loss = criterion(model(images, mask), targets)["loss"]
+        loss = criterion(model(images, mask, targets), targets)["loss"]
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
