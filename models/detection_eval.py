@@ -25,6 +25,76 @@ from PIL import Image
 RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
+def sigmoid_detect(
+    logits: np.ndarray,
+    boxes: np.ndarray,
+    labels: list[str],
+    *,
+    threshold: float,
+    max_detections: int,
+    box_scale: tuple[float, float],
+    image_size: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """A sigmoid-classified detector's set for one image (Deformable DETR's ``PostProcess``).
+
+    Every (query, class) pair scores the sigmoid of its logit; the ``max_detections`` best pairs
+    over all queries and classes are kept (so one query may give two labels), then those
+    scoring at least ``threshold``, best first, as the Hugging Face
+    ``DeformableDetrImageProcessor.post_process_object_detection`` does (``top_k`` = ``max_detections``).
+
+    Args:
+        logits: float (num_queries, num_classes) raw scores, no "no object" column.
+        boxes: float (num_queries, 4) boxes (cx, cy, w, h) normalised to the model's input frame.
+        labels: class index -> name, ``len(labels) == num_classes``.
+        threshold, max_detections, box_scale, image_size: as
+            :func:`service.tasks.detection.detect`.
+
+    Returns:
+        :func:`service.tasks.detection.detect`'s list: label, class_id, score and box
+        (xmin, ymin, xmax, ymax) in pixels of the displayed image, clipped to it, best first
+        (ties: lower query, then lower class first).
+    """
+    if logits.ndim != 2 or logits.shape[1] != len(labels) or boxes.shape != (logits.shape[0], 4):
+        raise ValueError(f"expected logits (Q, {len(labels)}) and boxes (Q, 4), got {logits.shape} and {boxes.shape}")
+    scores = 1 / (1 + np.exp(-logits.astype(np.float64).ravel()))  # (Q * C,) query-major
+    order = np.argsort(-scores, kind="stable")[:max_detections]
+    order = order[scores[order] >= threshold]
+    queries, class_ids = np.divmod(order, logits.shape[1])
+    cx, cy, w, h = boxes[queries].astype(np.float64).T  # each (K,)
+    (sx, sy), (width, height) = box_scale, image_size
+    corners = (
+        np.clip((cx - w / 2) * sx, 0, width),
+        np.clip((cy - h / 2) * sy, 0, height),
+        np.clip((cx + w / 2) * sx, 0, width),
+        np.clip((cy + h / 2) * sy, 0, height),
+    )
+    return [
+        {
+            "label": labels[c],
+            "class_id": int(c),
+            "score": float(s),
+            "box": {"xmin": float(x0), "ymin": float(y0), "xmax": float(x1), "ymax": float(y1)},
+        }
+        for c, s, x0, y0, x1, y1 in zip(class_ids, scores[order], *corners, strict=True)
+    ]
+
+
+def score_rule(name: str) -> Callable[..., list[dict[str, Any]]]:
+    """The post-processing of one image's outputs by name: ``"softmax"`` (DETR's, the server's
+    :func:`service.tasks.detection.detect`) or ``"sigmoid"`` (:func:`sigmoid_detect`).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "softmax":
+        from service.tasks.detection import detect
+
+        return detect
+    if name == "sigmoid":
+        return sigmoid_detect
+    raise ValueError(f"unknown post-processing {name!r}; known: softmax, sigmoid")
+
+
 def detect_images(
     run: RunFn,
     images: Sequence[np.ndarray],
@@ -34,6 +104,7 @@ def detect_images(
     threshold: float = 0.0,
     max_detections: int = 100,
     batch_size: int = 50,
+    postprocess: str = "softmax",
 ) -> list[list[dict[str, Any]]]:
     """Detections for uint8 images, through the server's own preprocessing and post-processing.
 
@@ -41,17 +112,18 @@ def detect_images(
         run: the model (PyTorch or ONNX Runtime) on a batch of preprocessed inputs.
         images: uint8 (H, W) grayscale or (H, W, 3) RGB pixels, each image its own size.
         preprocessing: the manifest's :class:`service.manifest.Preprocessing`.
-        labels: class names, "no object" last.
+        labels: class names, "no object" last (``postprocess="sigmoid"``: none).
         threshold, max_detections: as the detect route's parameters (0 and 100 keep every
             query, as COCO evaluation wants).
         batch_size: images per call of ``run``.
+        postprocess: :func:`score_rule`'s name.
 
     Returns:
         Per image, :func:`service.tasks.detection.detect`'s list, boxes in the image's pixels.
     """
     from service.preprocess import Preprocessor
-    from service.tasks.detection import detect
 
+    detect = score_rule(postprocess)
     preprocess = Preprocessor(preprocessing)
     results: list[list[dict[str, Any]]] = []
     for start in range(0, len(images), batch_size):

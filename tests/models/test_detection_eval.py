@@ -59,3 +59,35 @@ def test_an_empty_set_has_precision_one_and_recall_zero() -> None:
     assert quality["precision"] == 1.0 and quality["recall"] == 0.0 and quality["missed"] == 1
     with pytest.raises(ValueError, match="detection lists"):
         set_quality(_truth(), [[]])
+
+
+def test_sigmoid_post_processing_by_hand() -> None:
+    """Deformable DETR / Hugging Face: sigmoid per class, top-k over queries x classes, then the threshold."""
+    import math
+
+    import numpy as np
+
+    from models.detection_eval import score_rule, sigmoid_detect
+
+    logits = np.array([[2.0, -3.0], [0.0, 1.0], [-5.0, -5.0]])  # 3 queries, 2 classes, no "no object"
+    boxes = np.array([[0.5, 0.5, 0.2, 0.4], [0.25, 0.25, 0.5, 0.5], [0.9, 0.9, 0.1, 0.1]])
+    kept = sigmoid_detect(
+        logits, boxes, ["a", "b"], threshold=0.4, max_detections=3, box_scale=(100.0, 50.0), image_size=(80, 40)
+    )
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    # Pairs by score: (q0, a) 0.881, (q1, b) 0.731, (q1, a) 0.5, then below 0.4 or past the top 3.
+    assert [(d["label"], round(d["score"], 4)) for d in kept] == [
+        ("a", round(sig(2.0), 4)),
+        ("b", round(sig(1.0), 4)),
+        ("a", 0.5),
+    ]
+    assert kept[0]["box"] == {"xmin": 40.0, "ymin": 15.0, "xmax": 60.0, "ymax": 35.0}
+    assert kept[1]["box"] == {"xmin": 0.0, "ymin": 0.0, "xmax": 50.0, "ymax": 25.0}
+    assert kept[2]["box"] == kept[1]["box"]  # one query may give two labels
+    top1 = sigmoid_detect(
+        logits, boxes, ["a", "b"], threshold=0.0, max_detections=1, box_scale=(1.0, 1.0), image_size=(1, 1)
+    )
+    assert [d["class_id"] for d in top1] == [0]
+    assert score_rule("sigmoid") is sigmoid_detect
+    with pytest.raises(ValueError, match="softmax, sigmoid"):
+        score_rule("argmax")
