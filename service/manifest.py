@@ -131,16 +131,34 @@ class Preprocessing(_Strict):
         return self
 
 
+PrefixToken = Literal["class", "distillation", "register"]
+
+
 class AttentionSpec(_Strict):
     """Where a ViT graph exposes its attention weights, for attention rollout (``?render=png``).
 
     The output holds every block's softmax attention, float32 (B, depth, heads, T, T) with
-    T = 1 + grid.height * grid.width, token 0 the class token and token 1 + r * grid.width + c
-    the patch in grid row r, column c of the model input.
+    T = P + grid.height * grid.width: first the P ``prefix_tokens`` (a ViT's class token; DeiT's
+    class and distillation tokens, Touvron et al. 2021 Sec. 5; DINOv2's class token and its
+    register tokens, Darcet et al. 2024 "Vision Transformers Need Registers" Sec. 2), then token
+    P + r * grid.width + c, the patch in grid row r, column c of the model input.
     """
 
     output: str = Field(description="The graph output holding the attention weights.")
     grid: Size = Field(description="The patch grid over the model input: rows (height) and columns (width).")
+    prefix_tokens: list[PrefixToken] = Field(
+        ["class"],
+        min_length=1,
+        description="The tokens before the patch grid, in order (absent: one class token, the form written "
+        "before this field). The rollout reads the class token's row and draws the patch columns only.",
+    )
+
+    @field_validator("prefix_tokens")
+    @classmethod
+    def _one_class_token(cls, prefix: list[str]) -> list[str]:
+        if prefix.count("class") != 1:
+            raise ValueError(f"prefix_tokens needs exactly one 'class' token (the rollout's query), got {prefix}")
+        return prefix
 
 
 class ExportInfo(_Strict):
@@ -203,6 +221,11 @@ class Manifest(_Strict):
     batching: Batching | None = Field(None, description="Overrides of the server's batching settings.")
     attention: AttentionSpec | None = Field(
         None, description="A ViT's attention-weights output (enables ?render=png on classify); None: not exported."
+    )
+    no_attention_reason: str | None = Field(
+        None,
+        description="Why the graph exports no attention maps (e.g. Swin's windowed attention has no class token "
+        "to roll out); the render=png refusal quotes it. None: no reason recorded.",
     )
 
     @field_validator("task")

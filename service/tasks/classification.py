@@ -92,9 +92,11 @@ class Classification(BaseTask):
         """
         spec = model.manifest.attention
         if spec is None:
+            reason = model.manifest.no_attention_reason
             raise InvalidParameter(
-                f"model {model.name!r} version {model.version} exports no attention maps, so render=png has "
-                "nothing to draw; ask for JSON, or use a ViT exported with them (e.g. vit-cifar10)"
+                f"model {model.name!r} version {model.version} exports no attention maps"
+                + (f" ({reason})" if reason else "")
+                + ", so render=png has nothing to draw; ask for JSON, or use a ViT exported with them (e.g. vit-cifar10)"
             )
         decoded, top = outcome.image, fields["predictions"][0]
         return attention.render_png(
@@ -104,6 +106,7 @@ class Classification(BaseTask):
             (spec.grid.height, spec.grid.width),
             model.preprocessor,
             caption=f"{top['label']} {top['score']:.2f}",
+            prefix_tokens=spec.prefix_tokens,
         )
 
 
