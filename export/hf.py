@@ -381,9 +381,8 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     attention = None
     if head.prefix_tokens is not None:
         patch = int(config.get("patch_size", 16))
-        attention = AttentionSpec(
-            output=output_names[-1], grid=Size(height=h // patch, width=w // patch), prefix_tokens=head.prefix_tokens(config)
-        )
+        grid = Size(height=h // patch, width=w // patch)
+        attention = AttentionSpec(output=output_names[-1], grid=grid, prefix_tokens=head.prefix_tokens(config))
     if head.no_object:
         notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
     source = config.get("_name_or_path") or folder.name
@@ -408,6 +407,7 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     )
     write_manifest(manifest, out / "model.json")
     return manifest
+
 
 # The backbone families (DINOv2, Swin, Swinv2, BEiT) register themselves into HEADS.
 from export import hf_backbones  # noqa: E402, F401

@@ -107,10 +107,12 @@ _DINOV2 = replace(
     _CLASSIFIER,
     wrapper=_wrap_dinov2,
     prefix_tokens=lambda config: ["class"] + ["register"] * _registers(config),
-    note=lambda config: "logits = linear([class token, mean of the patch tokens]) as transformers computes them"
-    + (f", the {_registers(config)} register tokens left out of the mean" if _registers(config) else "")
-    + "; embedding = that concatenation (2 x hidden)"
-    + ("; SwiGLU feed-forward" if config.get("use_swiglu_ffn") else ""),
+    note=lambda config: (
+        "logits = linear([class token, mean of the patch tokens]) as transformers computes them"
+        + (f", the {_registers(config)} register tokens left out of the mean" if _registers(config) else "")
+        + "; embedding = that concatenation (2 x hidden)"
+        + ("; SwiGLU feed-forward" if config.get("use_swiglu_ffn") else "")
+    ),
 )
 _SWIN = replace(
     _CLASSIFIER,
@@ -123,11 +125,13 @@ _SWIN = replace(
 _BEIT = replace(
     _CLASSIFIER,
     wrapper=lambda model: _Pooled(model, _pooler_output, attentions=True),
-    note=lambda config: "embedding = "
-    + (
-        "LayerNorm(mean of the patch tokens), BEiT's mean pooling"
-        if config.get("use_mean_pooling", True)
-        else "the class token after the final LayerNorm"
+    note=lambda config: (
+        "embedding = "
+        + (
+            "LayerNorm(mean of the patch tokens), BEiT's mean pooling"
+            if config.get("use_mean_pooling", True)
+            else "the class token after the final LayerNorm"
+        )
     ),
 )
 
@@ -290,7 +294,10 @@ BACKBONE_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "dinov2-base-imagenet1k-1-layer": (_dinov2(768, 12, 12), _bit_processor(256, 224)),
     "dinov2-giant-imagenet1k-1-layer": (_dinov2(1536, 40, 24, swiglu=True), _bit_processor(256, 224)),
     "dinov2-with-registers-small-imagenet1k-1-layer": (_dinov2(384, 12, 6, registers=4), _bit_processor(256, 224)),
-    "swin-tiny-patch4-window7-224": (_swin(False, 96, [2, 2, 6, 2], [3, 6, 12, 24], 7, 224), _swin_processor(224, True)),
+    "swin-tiny-patch4-window7-224": (
+        _swin(False, 96, [2, 2, 6, 2], [3, 6, 12, 24], 7, 224),
+        _swin_processor(224, True),
+    ),
     "swinv2-tiny-patch4-window8-256": (
         _swin(True, 96, [2, 2, 6, 2], [3, 6, 12, 24], 8, 256),
         _swin_processor(256, False),

@@ -71,7 +71,9 @@ def rollout(attentions: np.ndarray, residual: float = 0.5, *, query: int = 0, pr
     return flow[query, prefix:]
 
 
-def rollout_grid(attentions: np.ndarray, grid: tuple[int, int], prefix_tokens: Sequence[str] = ("class",)) -> np.ndarray:
+def rollout_grid(
+    attentions: np.ndarray, grid: tuple[int, int], prefix_tokens: Sequence[str] = ("class",)
+) -> np.ndarray:
     """:func:`rollout` of the class token laid out on the patch grid.
 
     Args:

@@ -96,7 +96,8 @@ class Classification(BaseTask):
             raise InvalidParameter(
                 f"model {model.name!r} version {model.version} exports no attention maps"
                 + (f" ({reason})" if reason else "")
-                + ", so render=png has nothing to draw; ask for JSON, or use a ViT exported with them (e.g. vit-cifar10)"
+                + ", so render=png has nothing to draw; ask for JSON, or use a ViT exported with them "
+                "(e.g. vit-cifar10)"
             )
         decoded, top = outcome.image, fields["predictions"][0]
         return attention.render_png(
