@@ -7,11 +7,15 @@ Supported architectures (``config.json``'s ``architectures[0]``):
 * ``ViTForImageClassification`` (Dosovitskiy et al. 2021) and ``DeiTForImageClassification``:
   the graph outputs the class head's ``logits`` (B, num_labels) and ``embedding`` (B, hidden),
   the class token after the final LayerNorm (what the head takes), so every imported classifier
-  also serves ``embed``.
+  also serves ``embed``, and ``attentions`` (B, depth, 1, T, T), every block's attention with
+  the heads fused (:func:`fused_attentions`), for ``render=png``; the manifest's
+  ``attention.prefix_tokens`` says which tokens precede the patch grid.
 * ``DeiTForImageClassificationWithTeacher`` (Touvron et al. 2021, Sec. 5): ``logits`` is the
   average of the class-token head and the distillation-token head, as DeiT predicts at
   inference (transformers' forward computes exactly that average); ``embedding`` is the class
-  token's, as for the others.
+  token's, as for the others; ``attention.prefix_tokens`` is ``["class", "distillation"]``.
+* DINOv2 (with registers), Swin, Swinv2 and BEiT classifiers: ``export/hf_backbones.py``, which
+  registers them here (:func:`register`) with the architectures refused by name (``REFUSED``).
 * ``DetrForObjectDetection`` (Carion et al. 2020) with transformers' own ResNet backbone
   (``use_timm_backbone=false``, as the hub's ``no_timm`` revisions are): ``pred_logits``
   (B, num_queries, num_labels + 1, no-object last) and ``pred_boxes`` (B, num_queries, 4),
