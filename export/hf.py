@@ -48,6 +48,7 @@ from export.onnx_export import export_info, export_onnx, parity
 from service.manifest import (
     SCHEMA_VERSION,
     AttentionSpec,
+    ClassMapSpec,
     Manifest,
     Preprocessing,
     Provenance,
@@ -246,6 +247,8 @@ class _Head:
         prefix_tokens: config.json -> the tokens before the patch grid (``AttentionSpec.prefix_tokens``)
             when the wrapper's last output is :func:`fused_attentions`; None: no attention output.
         no_attention_reason: why there is none (the manifest's ``no_attention_reason``).
+        class_map_grid: (config.json, input (H, W)) -> the final token grid (rows, cols) when the
+            wrapper's last output is per-token class scores (``ClassMapSpec``); None: no such output.
         note: config.json -> a line for the manifest's notes (how the head computes), or "".
     """
 
@@ -259,6 +262,7 @@ class _Head:
     crop: bool
     prefix_tokens: Callable[[dict[str, Any]], list[str]] | None = None
     no_attention_reason: str | None = None
+    class_map_grid: Callable[[dict[str, Any], tuple[int, int]], tuple[int, int]] | None = None
     note: Callable[[dict[str, Any]], str] | None = None
 
 
@@ -387,6 +391,10 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
         patch = int(config.get("patch_size", 16))
         grid = Size(height=h // patch, width=w // patch)
         attention = AttentionSpec(output=output_names[-1], grid=grid, prefix_tokens=head.prefix_tokens(config))
+    class_maps = None
+    if head.class_map_grid is not None:
+        rows, cols = head.class_map_grid(config, (h, w))
+        class_maps = ClassMapSpec(output=output_names[-1], grid=Size(height=rows, width=cols))
     if head.no_object:
         notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
     source = config.get("_name_or_path") or folder.name
@@ -407,6 +415,7 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
             notes="; ".join(notes),
         ),
         attention=attention,
+        class_maps=class_maps,
         no_attention_reason=head.no_attention_reason,
     )
     write_manifest(manifest, out / "model.json")

@@ -20,8 +20,11 @@ pooled representation that head takes, after the final LayerNorm (so every impor
   (Liu et al. 2022): ``embedding`` (B, hidden) = the average of the last stage's tokens after the
   final LayerNorm (``pooler_output``, what the linear head takes). No attention output: shifted
   windows attend within 7x7 (Swinv2: 8x8) windows with no class token, so attention rollout has
-  no token to roll out to and no matrix over the whole image; ``render=png`` is refused, the
-  manifest's ``no_attention_reason`` saying why.
+  no token to roll out to and no matrix over the whole image (the manifest's
+  ``no_attention_reason``). Instead ``class_maps`` (B, N, num_labels), the head applied to each
+  of the last stage's N tokens (7x7 at 224), whose mean is ``logits``: ``render=png`` draws the
+  top class's class activation map (Zhou et al. 2016, "Learning Deep Features for Discriminative
+  Localization", CVPR, Sec. 2), exact here because the head is linear on the token mean.
 * ``BeitForImageClassification`` (Bao et al. 2022, "BEiT", Sec. 2.6 and 3.1): ``embedding``
   (B, hidden) = the LayerNorm of the mean of the patch tokens (``use_mean_pooling``, as the
   fine-tuned checkpoints are), or the class token after the final LayerNorm when the config
@@ -72,6 +75,34 @@ def _pooler_output(outputs: Any) -> torch.Tensor:
     return outputs.pooler_output
 
 
+class _ClassMaps(nn.Module):
+    """(B, 3, H, W) -> (logits (B, L), embedding (B, hidden), class_maps (B, N, L)) for a head linear on a token mean.
+
+    ``class_maps`` is the checkpoint's ``classifier`` applied to each of the N final tokens (after
+    the final LayerNorm) before transformers averages them: their mean over N is ``logits``, exactly
+    up to float rounding, since the head is linear (Zhou et al. 2016, CVPR, Sec. 2: class activation
+    mapping). Swin and Swinv2, whose windowed attention has no rollout, draw it for ``render=png``.
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.backbone = getattr(model, model.base_model_prefix)
+        self.classifier = model.classifier
+
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outputs = self.backbone(pixel_values=pixel_values)
+        embedding = outputs.pooler_output  # (B, hidden): the mean of last_hidden_state's N tokens
+        return self.classifier(embedding), embedding, self.classifier(outputs.last_hidden_state)
+
+
+def _swin_grid(config: dict[str, Any], size: tuple[int, int]) -> tuple[int, int]:
+    """The last stage's token grid: the patch grid halved (odd sides padded first) by each patch merging."""
+    rows, cols = size[0] // int(config.get("patch_size", 4)), size[1] // int(config.get("patch_size", 4))
+    for _ in range(len(config.get("depths", [2, 2, 6, 2])) - 1):
+        rows, cols = (rows + 1) // 2, (cols + 1) // 2
+    return rows, cols
+
+
 class _Pooled(nn.Module):
     """(B, 3, H, W) pixel values -> (logits (B, num_labels), embedding (B, D)[, attentions (B, depth, 1, T, T)]).
 
@@ -116,10 +147,11 @@ _DINOV2 = replace(
 )
 _SWIN = replace(
     _CLASSIFIER,
-    wrapper=lambda model: _Pooled(model, _pooler_output, attentions=False),
-    outputs=("logits", "embedding"),
+    wrapper=_ClassMaps,
+    outputs=("logits", "embedding", "class_maps"),
     prefix_tokens=None,
     no_attention_reason=_NO_WINDOW_ROLLOUT,
+    class_map_grid=_swin_grid,
     note=lambda config: "embedding = the mean of the last stage's tokens after the final LayerNorm (pooler_output)",
 )
 _BEIT = replace(

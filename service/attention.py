@@ -176,7 +176,37 @@ def render_png(
     Returns:
         PNG bytes of an RGB picture of ``size``.
     """
+    return render_heat_png(image, size, rollout_grid(attentions, grid, prefix_tokens), preprocessor, caption=caption)
+
+
+def class_map(scores: np.ndarray, grid: tuple[int, int], class_id: int) -> np.ndarray:
+    """One class's activation map (Zhou et al. 2016, CVPR, Sec. 2) from per-token class scores.
+
+    Args:
+        scores: float (N, num_labels), the head applied to each final token (the manifest's
+            ``class_maps`` output for one image); their mean over N is the image's logits.
+        grid: (rows, cols) of the final tokens, rows * cols = N, row-major.
+        class_id: the class to map (the top prediction).
+
+    Returns:
+        float64 (rows, cols): the class's score at each token.
+
+    Raises:
+        ValueError: ``scores`` does not fit the grid or has no column ``class_id``.
+    """
+    rows, cols = grid
+    if scores.ndim != 2 or scores.shape[0] != rows * cols or not 0 <= class_id < scores.shape[1]:
+        raise ValueError(f"class scores {scores.shape} do not fit a {rows}x{cols} grid and class {class_id}")
+    return scores[:, class_id].astype(np.float64).reshape(rows, cols)
+
+
+def render_heat_png(
+    image: Image.Image, size: tuple[int, int], heat: np.ndarray, preprocessor: Preprocessor, *, caption: str
+) -> bytes:
+    """``heat`` (rows, cols) over the region of the displayed image the model saw, as PNG of ``size`` (blocking).
+
+    See :func:`render_png` for ``image``, ``size``, ``preprocessor`` and ``caption``.
+    """
     canvas = displayed_canvas(image, size)
     region = preprocessor.input_region(*size)
-    heat = rollout_grid(attentions, grid, prefix_tokens)
     return png_bytes(heatmap_image(canvas, heat, region, caption=caption))

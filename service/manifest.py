@@ -161,6 +161,21 @@ class AttentionSpec(_Strict):
         return prefix
 
 
+class ClassMapSpec(_Strict):
+    """Where a graph whose head is linear on the average of its final tokens exposes each token's class scores.
+
+    The output is float32 (B, N, num_labels), N = grid.height * grid.width, token r * grid.width + c
+    at row r, column c of the final feature grid over the model input: the head applied to each
+    final token before the average, so that the average over the N tokens is the graph's logits.
+    ``render=png`` draws the top class's column as a class activation map (Zhou et al. 2016,
+    "Learning Deep Features for Discriminative Localization", CVPR, Sec. 2), for models with no
+    attention to roll out (Swin's windowed attention).
+    """
+
+    output: str = Field(description="The graph output holding the per-token class scores.")
+    grid: Size = Field(description="The final token grid over the model input: rows (height) and columns (width).")
+
+
 class ExportInfo(_Strict):
     """How the graph was made and how closely it matches PyTorch."""
 
@@ -222,6 +237,9 @@ class Manifest(_Strict):
     attention: AttentionSpec | None = Field(
         None, description="A ViT's attention-weights output (enables ?render=png on classify); None: not exported."
     )
+    class_maps: ClassMapSpec | None = Field(
+        None, description="Per-token class scores for a class activation map (render=png without attention)."
+    )
     no_attention_reason: str | None = Field(
         None,
         description="Why the graph exports no attention maps (e.g. Swin's windowed attention has no class token "
@@ -244,6 +262,8 @@ class Manifest(_Strict):
             raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
         if self.attention is not None and self.attention.output not in self.outputs:
             raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
+        if self.class_maps is not None and self.class_maps.output not in self.outputs:
+            raise ValueError(f"class_maps.output {self.class_maps.output!r} is not one of outputs {self.outputs}")
         from service import tasks
 
         task = tasks.get(self.task)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +28,9 @@ from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
 from tests.service.test_api import assert_problem
 
 PHOTOS = [ROOT / "tests" / "images" / "skimage" / name for name in ("chelsea.png", "astronaut.png", "coffee.png")]
-# preset -> (architecture, prefix tokens of its attention output, or None: refused render=png)
+# preset -> (architecture, prefix tokens of its attention output, or None: a class activation map instead)
 FAMILIES = {
+    "tiny-vit": ("ViTForImageClassification", ["class"]),
     "tiny-dinov2": ("Dinov2ForImageClassification", ["class"]),
     "tiny-dinov2-swiglu": ("Dinov2ForImageClassification", ["class"]),
     "tiny-dinov2-registers": ("Dinov2WithRegistersForImageClassification", ["class"] + ["register"] * 4),
@@ -70,7 +72,7 @@ def head_input(model, pixel_values: torch.Tensor) -> torch.Tensor:
         prefix = 1 + getattr(model.config, "num_register_tokens", 0)
         tokens = out.last_hidden_state
         return torch.cat([tokens[:, 0], tokens[:, prefix:].mean(dim=1)], dim=1)
-    if model.config.model_type == "deit":
+    if model.config.model_type in ("vit", "deit"):  # the class token
         return out.last_hidden_state[:, 0]
     return out.pooler_output
 
@@ -131,9 +133,17 @@ def test_onnx_runtime_equals_transformers_at_batch_1_and_3(imported: Path, prese
         if architecture != "DeiTForImageClassificationWithTeacher":  # the embedding is what the head takes
             with torch.no_grad():
                 np.testing.assert_allclose(model.classifier(pooled).numpy(), logits, atol=1e-5)
-    if prefix is None:
+    if prefix is None:  # Swin: no attention output; per-token class scores whose mean is the logits
         assert manifest.attention is None and "windows" in (manifest.no_attention_reason or "")
-        assert "attentions" not in manifest.outputs
+        assert "attentions" not in manifest.outputs and manifest.class_maps is not None
+        assert (manifest.class_maps.grid.height, manifest.class_maps.grid.width) == (4, 4)  # 32 px / 4 / 2
+        backbone = getattr(model, model.base_model_prefix)
+        with torch.no_grad():
+            tokens = backbone(pixel_values=torch.from_numpy(pixel_values)).last_hidden_state  # (3, 16, hidden)
+            expected = model.classifier(tokens).numpy()  # (3, 16, 10)
+        assert got["class_maps"].shape == (3, 16, 10)
+        assert float(np.max(np.abs(got["class_maps"] - expected))) <= TOLERANCE
+        np.testing.assert_allclose(got["class_maps"].mean(axis=1), got["logits"], atol=1e-5)
     else:
         assert manifest.attention is not None and manifest.attention.prefix_tokens == prefix
         assert got["attentions"].shape == (3, 2, 1, len(prefix) + 16, len(prefix) + 16)  # (B, depth, 1, T, T)
@@ -179,20 +189,34 @@ async def test_served_classify_and_embed_equal_transformers_on_real_photos(impor
 
 @pytest.mark.slow
 @pytest.mark.anyio
-async def test_render_png_draws_the_rollout_or_refuses_windowed_attention(imported: Path) -> None:
+async def test_render_png_draws_the_rollout_or_for_swin_the_class_activation_map(imported: Path) -> None:
     cat = PHOTOS[0].read_bytes()  # 451x300
     async with running_app(make_settings(model_repository=imported / "repository")) as client:
-        for preset, (_, prefix) in FAMILIES.items():
+        for preset in FAMILIES:
             response = await client.post(f"/v1/models/{preset}/classify?render=png", files={"image": cat})
-            if prefix is None:
-                assert_problem(response, 422, "shifted local windows")
-                continue
             assert response.status_code == 200 and response.headers["content-type"] == "image/png", preset
             picture = Image.open(io.BytesIO(response.content))
             assert picture.format == "PNG" and picture.size == (451, 300)
             pixels = np.asarray(picture.convert("RGB")).astype(int)
             original = np.asarray(Image.open(io.BytesIO(cat)).convert("RGB")).astype(int)
             assert np.abs(pixels - original).mean() > 10, preset  # the heat map is drawn over the photo
+
+
+@pytest.mark.slow
+@pytest.mark.anyio
+async def test_render_png_without_attention_or_class_maps_is_refused_with_the_reason(imported: Path) -> None:
+    repository = imported / "refusing"
+    copy = repository / "tiny-swin" / "1"
+    copy.mkdir(parents=True)
+    manifest = json.loads((imported / "repository" / "tiny-swin" / "1" / "model.json").read_text())
+    (copy / "model.json").write_text(json.dumps({**manifest, "class_maps": None}))
+    shutil.copy(imported / "repository" / "tiny-swin" / "1" / "model.onnx", copy / "model.onnx")
+    upload = {"image": PHOTOS[0].read_bytes()}
+    async with running_app(make_settings(model_repository=repository)) as client:
+        response = await client.post("/v1/models/tiny-swin/classify?render=png", files=upload)
+        plain = await client.post("/v1/models/tiny-swin/classify", files=upload)
+    assert_problem(response, 422, "shifted local windows")
+    assert plain.status_code == 200 and len(plain.json()["predictions"]) == 5
 
 
 def refuse(tmp_path: Path, architecture: str) -> str:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from service.attention import rollout, rollout_grid
+from service.attention import class_map, rollout, rollout_grid
 from service.manifest import AttentionSpec
 
 
@@ -46,3 +46,12 @@ def test_the_manifest_field_defaults_to_one_class_token_and_needs_exactly_one() 
     for bad in (["register"], ["class", "class"], [], ["class", "cls"]):
         with pytest.raises(ValidationError):
             AttentionSpec(output="a", grid={"height": 2, "width": 2}, prefix_tokens=bad)
+
+
+def test_a_class_activation_map_is_the_top_class_column_on_the_token_grid() -> None:
+    scores = np.arange(12, dtype=np.float32).reshape(6, 2)  # 6 tokens (a 2x3 grid), 2 classes
+    assert class_map(scores, (2, 3), 1).tolist() == [[1.0, 3.0, 5.0], [7.0, 9.0, 11.0]]
+    with pytest.raises(ValueError, match="do not fit"):
+        class_map(scores, (2, 2), 0)
+    with pytest.raises(ValueError, match="do not fit"):
+        class_map(scores, (2, 3), 2)
