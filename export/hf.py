@@ -13,7 +13,8 @@ Supported architectures (``config.json``'s ``architectures[0]``):
 * ``DeiTForImageClassificationWithTeacher`` (Touvron et al. 2021, Sec. 5): ``logits`` is the
   average of the class-token head and the distillation-token head, as DeiT predicts at
   inference (transformers' forward computes exactly that average); ``embedding`` is the class
-  token's, as for the others; ``attention.prefix_tokens`` is ``["class", "distillation"]``.
+  token's, as for the others. Every DeiT (with a teacher or not) has a distillation token after
+  the class token: ``attention.prefix_tokens`` is ``["class", "distillation"]``.
 * DINOv2 (with registers), Swin, Swinv2 and BEiT classifiers: ``export/hf_backbones.py``, which
   registers them here (:func:`register`) with the architectures refused by name (``REFUSED``).
 * ``DetrForObjectDetection`` (Carion et al. 2020) with transformers' own ResNet backbone
@@ -283,12 +284,10 @@ _CLASSIFIER = _Head(
     crop=True,
     prefix_tokens=lambda config: ["class"],
 )
-# DeiT's distillation token follows the class token (Touvron et al. 2021, Sec. 5).
-_DISTILLED = replace(
-    _CLASSIFIER,
-    prefix_tokens=lambda config: ["class", "distillation"],
-    note=lambda config: "logits = (class head + distillation head) / 2, DeiT's inference rule",
-)
+# Every transformers DeiT has the distillation token after the class token (Touvron et al. 2021,
+# Sec. 5), the one fine-tuned without a teacher too.
+_DEIT = replace(_CLASSIFIER, prefix_tokens=lambda config: ["class", "distillation"])
+_DISTILLED = replace(_DEIT, note=lambda config: "logits = (class head + distillation head) / 2, DeiT's inference rule")
 _DETECTOR = _Head(
     detection.TASK.name,
     _Detector,
@@ -301,7 +300,7 @@ _DETECTOR = _Head(
 )
 HEADS = {
     "ViTForImageClassification": _CLASSIFIER,
-    "DeiTForImageClassification": _CLASSIFIER,
+    "DeiTForImageClassification": _DEIT,
     "DeiTForImageClassificationWithTeacher": _DISTILLED,
     "DetrForObjectDetection": _DETECTOR,
 }
@@ -370,7 +369,8 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     preprocess = Preprocessor(preprocessing)
     batches = _parity_batches(preprocess)
     with torch.no_grad():
-        width = wrapper(batches[0])[0].shape[-1]  # the class scores come first
+        probe = wrapper(batches[0])
+    width = probe[0].shape[-1]  # the class scores come first
     if width != len(labels):
         raise ImportRefused(f"{folder}: the model outputs {width} classes but id2label gives {len(labels)} labels")
     path = out / "model.onnx"
@@ -391,10 +391,15 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
         patch = int(config.get("patch_size", 16))
         grid = Size(height=h // patch, width=w // patch)
         attention = AttentionSpec(output=output_names[-1], grid=grid, prefix_tokens=head.prefix_tokens(config))
+        tokens = len(attention.prefix_tokens) + grid.height * grid.width
+        if probe[-1].shape[-1] != tokens:  # the rollout would not fit: an importer bug, never a served model
+            raise ImportRefused(f"{folder}: {probe[-1].shape[-1]} attention tokens, expected {tokens} for {attention}")
     class_maps = None
     if head.class_map_grid is not None:
         rows, cols = head.class_map_grid(config, (h, w))
         class_maps = ClassMapSpec(output=output_names[-1], grid=Size(height=rows, width=cols))
+        if probe[-1].shape[1] != rows * cols:
+            raise ImportRefused(f"{folder}: {probe[-1].shape[1]} final tokens, expected a {rows}x{cols} grid")
     if head.no_object:
         notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
     source = config.get("_name_or_path") or folder.name

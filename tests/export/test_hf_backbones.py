@@ -37,6 +37,7 @@ FAMILIES = {
     "tiny-swin": ("SwinForImageClassification", None),
     "tiny-swinv2": ("Swinv2ForImageClassification", None),
     "tiny-beit": ("BeitForImageClassification", ["class"]),
+    "tiny-deit": ("DeiTForImageClassification", ["class", "distillation"]),  # every DeiT has the token
     "tiny-deit-distilled": ("DeiTForImageClassificationWithTeacher", ["class", "distillation"]),
 }
 TOLERANCE = 1e-4
