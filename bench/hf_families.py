@@ -190,9 +190,9 @@ def main(argv: list[str] | None = None) -> None:
     result.write_text(json.dumps(record, indent=2) + "\n")
     text = table(rows)
     loaded = any(t.loaded for r in rows for t in r.timings)
-    note = (
-        f"\n\nMeasured {stamp} UTC on {record['machine']['cpus']} CPUs ({result.as_posix()})"
-        + ("; figures marked *loaded* were taken while other processes ran: rerun on a quiet machine." if loaded else ".")
+    warning = "; figures marked *loaded* were taken while other processes ran: rerun on a quiet machine."
+    note = f"\n\nMeasured {stamp} UTC on {record['machine']['cpus']} CPUs ({result.as_posix()})" + (
+        warning if loaded else "."
     )
     print(text + note)
     if args.docs:
