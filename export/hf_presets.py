@@ -224,5 +224,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {build(args.name, args.out, seed=args.seed)}")
 
 
+# The backbone families' presets (DINOv2, Swin, Swinv2, BEiT) join PRESETS from their own module.
+from export import hf_backbones  # noqa: E402, F401
+
 if __name__ == "__main__":
     main()
