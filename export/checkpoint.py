@@ -154,6 +154,7 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
         attention=AttentionSpec(
             output="attentions",
             grid=Size(height=h // model.config.patch_size, width=w // model.config.patch_size),
+            prefix_tokens=["class", "distillation"] if model.config.distillation else ["class"],
         )
         if attention
         else None,

@@ -116,3 +116,19 @@ def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path) -> 
     assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
     written = json.loads((tmp_path / "repo" / "1" / "model.json").read_text())
     assert written["outputs"] == ["logits", "embedding", "attentions"]
+    assert written["attention"]["prefix_tokens"] == ["class", "distillation"]  # the rollout skips both
+
+    # render=png draws the rollout over the 4x4 patch grid, past both prefix tokens
+    import numpy as np
+    import onnxruntime as ort
+
+    from service.attention import rollout_grid
+    from service.manifest import load_manifest
+
+    served = load_manifest(tmp_path / "repo" / "1" / "model.json")
+    session = ort.InferenceSession(str(tmp_path / "repo" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    attentions = session.run(["attentions"], {"pixel_values": x})[0]
+    spec = served.attention
+    heat = rollout_grid(attentions[0], (spec.grid.height, spec.grid.width), spec.prefix_tokens)
+    assert heat.shape == (4, 4) and np.isfinite(heat).all()
