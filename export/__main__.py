@@ -8,8 +8,9 @@ run's ``metrics.json`` and ``training_curves.png`` beside them.
 
     python -m export hf path/to/transformers-checkpoint --to model_repository/vit-base/1
 
-imports a Hugging Face transformers ``save_pretrained`` folder (ViT, DeiT, DETR without timm;
-needs the ``hf`` extra), with preprocessing and labels from the checkpoint's own configs.
+imports a Hugging Face transformers ``save_pretrained`` folder (ViT, DeiT, DINOv2 with or without
+registers, Swin, Swinv2, BEiT, DETR without timm; needs the ``hf`` extra), with preprocessing and
+labels from the checkpoint's own configs (docs/backbones.md).
 
     python -m export random vit-ti16 --to bench/.work/model_repository/vit-ti16-random/1
 

@@ -42,8 +42,10 @@ class ForServing(ViT):
     ``attention``, ``attentions`` (B, depth, heads, T, T).
 
     ``embedding`` is the head's input: the class token after the final LayerNorm (the server's
-    ``embed`` task L2-normalises it). A ViT itself, holding ``vit``'s weights, so the graph's
-    weights keep the checkpoint's names (``head.weight``, ...).
+    ``embed`` task L2-normalises it); for DeiT with a distillation token, the mean of the class
+    and distillation tokens after it, and ``logits`` the mean of the two heads
+    (:meth:`models.vit.ViT.pool`, :meth:`~models.vit.ViT.logits`). A ViT itself, holding
+    ``vit``'s weights, so the graph's weights keep the checkpoint's names (``head.weight``, ...).
     """
 
     def __init__(self, vit: ViT, attention: bool) -> None:
@@ -52,15 +54,15 @@ class ForServing(ViT):
         self.attention = attention
 
     def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        pooled, attentions = self.pooled(images, self.attention)
-        logits = self.head(pooled)
+        tokens, attentions = self.features(images, self.attention)
+        logits, pooled = self.logits(tokens), self.pool(tokens)
         if self.attention:
             return logits, pooled, torch.stack(attentions, dim=1)
         return logits, pooled
 
 
 def _model(checkpoint: dict) -> nn.Module:
-    if checkpoint["architecture"] == "vit":
+    if checkpoint["architecture"] in ("vit", "deit"):
         model: nn.Module = ViT(ViTConfig(**checkpoint["config"]))
     elif checkpoint["architecture"] == "cnn":
         model = CNN(CNNConfig(**checkpoint["config"]))
@@ -76,6 +78,8 @@ def _description(model: nn.Module, dataset: str) -> str:
     c = model.config
     stem = ", conv stem" if c.stem == "conv" else ""
     patches = f"{c.patch_size}x{c.patch_size} patches{stem}"
+    if c.distillation:
+        return f"DeiT ({c.hidden_size} wide, {c.depth} blocks, {patches}, distillation token) trained on {dataset}"
     return f"ViT ({c.hidden_size} wide, {c.depth} blocks, {patches}) trained on {dataset}"
 
 
@@ -150,6 +154,7 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
         attention=AttentionSpec(
             output="attentions",
             grid=Size(height=h // model.config.patch_size, width=w // model.config.patch_size),
+            prefix_tokens=["class", "distillation"] if model.config.distillation else ["class"],
         )
         if attention
         else None,

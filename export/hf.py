@@ -7,11 +7,16 @@ Supported architectures (``config.json``'s ``architectures[0]``):
 * ``ViTForImageClassification`` (Dosovitskiy et al. 2021) and ``DeiTForImageClassification``:
   the graph outputs the class head's ``logits`` (B, num_labels) and ``embedding`` (B, hidden),
   the class token after the final LayerNorm (what the head takes), so every imported classifier
-  also serves ``embed``.
+  also serves ``embed``, and ``attentions`` (B, depth, 1, T, T), every block's attention with
+  the heads fused (:func:`fused_attentions`), for ``render=png``; the manifest's
+  ``attention.prefix_tokens`` says which tokens precede the patch grid.
 * ``DeiTForImageClassificationWithTeacher`` (Touvron et al. 2021, Sec. 5): ``logits`` is the
   average of the class-token head and the distillation-token head, as DeiT predicts at
   inference (transformers' forward computes exactly that average); ``embedding`` is the class
-  token's, as for the others.
+  token's, as for the others. Every DeiT (with a teacher or not) has a distillation token after
+  the class token: ``attention.prefix_tokens`` is ``["class", "distillation"]``.
+* DINOv2 (with registers), Swin, Swinv2 and BEiT classifiers: ``export/hf_backbones.py``, which
+  registers them here (:func:`register`) with the architectures refused by name (``REFUSED``).
 * ``DetrForObjectDetection`` (Carion et al. 2020) with transformers' own ResNet backbone
   (``use_timm_backbone=false``, as the hub's ``no_timm`` revisions are): ``pred_logits``
   (B, num_queries, num_labels + 1, no-object last) and ``pred_boxes`` (B, num_queries, 4),
@@ -32,7 +37,7 @@ import json
 import logging
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +49,8 @@ from torch import nn
 from export.onnx_export import export_info, export_onnx, parity
 from service.manifest import (
     SCHEMA_VERSION,
+    AttentionSpec,
+    ClassMapSpec,
     Manifest,
     Preprocessing,
     Provenance,
@@ -80,6 +87,8 @@ def architecture_of(config: dict[str, Any], folder: Path) -> str:
         ImportRefused: an architecture this importer does not export.
     """
     architectures = config.get("architectures") or []
+    if architectures and architectures[0] in REFUSED:
+        raise ImportRefused(f"{folder}: architecture {architectures[0]} is not supported: {REFUSED[architectures[0]]}")
     if not architectures or architectures[0] not in TASKS:
         raise ImportRefused(
             f"{folder}: architecture {architectures[:1] or 'unknown'} is not supported; supported: {', '.join(TASKS)}"
@@ -185,11 +194,21 @@ def labels_from_config(config: dict[str, Any], task: str | _Head) -> list[str]:
     return [*labels, NO_OBJECT] if _head(task).no_object else labels
 
 
+def fused_attentions(attentions: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Every block's softmax attention, heads fused by their mean: float32 (B, depth, 1, T, T).
+
+    The mean over heads is attention rollout's first step (``service/attention.py``), taken in
+    the graph so that a ViT-B/16 returns 1.9 MB a picture rather than 23 MB; the head axis is
+    kept (of size 1) so the output is the manifest's (B, depth, heads, T, T) contract.
+    """
+    return torch.stack([a.mean(dim=1, keepdim=True) for a in attentions], dim=1)
+
+
 class _Classifier(nn.Module):
-    """(B, 3, H, W) pixel values -> (logits (B, num_labels), embedding (B, hidden)).
+    """(B, 3, H, W) pixel values -> (logits (B, num_labels), embedding (B, hidden), attentions (B, depth, 1, T, T)).
 
     ``embedding`` is the class token after the backbone's final LayerNorm: the head's input
-    (ViT, DeiT; the distilled DeiT's class-token head too).
+    (ViT, DeiT; the distilled DeiT's class-token head too). ``attentions``: :func:`fused_attentions`.
     """
 
     def __init__(self, model: nn.Module) -> None:
@@ -197,9 +216,10 @@ class _Classifier(nn.Module):
         self.model = model
         self.layernorm = getattr(model, model.base_model_prefix).layernorm
 
-    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        outputs = self.model(pixel_values=pixel_values, output_hidden_states=True)
-        return outputs.logits, self.layernorm(outputs.hidden_states[-1][:, 0])
+    def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outputs = self.model(pixel_values=pixel_values, output_hidden_states=True, output_attentions=True)
+        embedding = self.layernorm(outputs.hidden_states[-1][:, 0])
+        return outputs.logits, embedding, fused_attentions(outputs.attentions)
 
 
 class _Detector(nn.Module):
@@ -227,9 +247,12 @@ class _Head:
         square: a bare int ``size`` is a square (ViT/DeiT) rather than a shortest edge (DETR).
         no_object: labels get DETR's no-object class last.
         crop: a centre crop is allowed (a detector's boxes would be cut off).
-        task_options: ``config.json`` -> the manifest's ``task_options`` (None: the task's defaults).
-        check: refuses a checkpoint this head cannot load (raises :class:`ImportRefused`).
-        exporting: the model -> a context the ONNX export runs in (work-arounds for the exporter).
+        prefix_tokens: config.json -> the tokens before the patch grid (``AttentionSpec.prefix_tokens``)
+            when the wrapper's last output is :func:`fused_attentions`; None: no attention output.
+        no_attention_reason: why there is none (the manifest's ``no_attention_reason``).
+        class_map_grid: (config.json, input (H, W)) -> the final token grid (rows, cols) when the
+            wrapper's last output is per-token class scores (``ClassMapSpec``); None: no such output.
+        note: config.json -> a line for the manifest's notes (how the head computes), or "".
     """
 
     task: str
@@ -240,21 +263,36 @@ class _Head:
     square: bool
     no_object: bool
     crop: bool
+    prefix_tokens: Callable[[dict[str, Any]], list[str]] | None = None
+    no_attention_reason: str | None = None
+    class_map_grid: Callable[[dict[str, Any], tuple[int, int]], tuple[int, int]] | None = None
+    note: Callable[[dict[str, Any]], str] | None = None
     task_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     check: Callable[[dict[str, Any], Path], None] | None = None
     exporting: Callable[[nn.Module], AbstractContextManager[Any]] | None = None
 
 
+def register(architecture: str, head: _Head) -> None:
+    """Make ``architecture`` (a config.json ``architectures[0]``) importable with ``head``."""
+    HEADS[architecture] = head
+    TASKS[architecture] = head.task
+
+
 _CLASSIFIER = _Head(
     classification.TASK.name,
     _Classifier,
-    ("logits", "embedding"),
+    ("logits", "embedding", "attentions"),
     {"logits": "logits", "embedding": "embedding"},
     {"height": 224, "width": 224},
     square=True,
     no_object=False,
     crop=True,
+    prefix_tokens=lambda config: ["class"],
 )
+# Every transformers DeiT has the distillation token after the class token (Touvron et al. 2021,
+# Sec. 5), the one fine-tuned without a teacher too.
+_DEIT = replace(_CLASSIFIER, prefix_tokens=lambda config: ["class", "distillation"])
+_DISTILLED = replace(_DEIT, note=lambda config: "logits = (class head + distillation head) / 2, DeiT's inference rule")
 _DETECTOR = _Head(
     detection.TASK.name,
     _Detector,
@@ -268,11 +306,12 @@ _DETECTOR = _Head(
 )
 HEADS = {
     "ViTForImageClassification": _CLASSIFIER,
-    "DeiTForImageClassification": _CLASSIFIER,
-    "DeiTForImageClassificationWithTeacher": _CLASSIFIER,
+    "DeiTForImageClassification": _DEIT,
+    "DeiTForImageClassificationWithTeacher": _DISTILLED,
     "DetrForObjectDetection": _DETECTOR,
 }
 TASKS = {architecture: head.task for architecture, head in HEADS.items()}  # architecture -> task name
+REFUSED: dict[str, str] = {}  # architecture -> why it is refused (named in the refusal)
 
 
 def _head(task: str | _Head) -> _Head:
@@ -301,11 +340,16 @@ def _parity_batches(preprocess: Preprocessor) -> list[torch.Tensor]:
     return [torch.from_numpy(np.stack(images[:1])), torch.from_numpy(np.stack(images))]
 
 
-def load_model(folder: Path, architecture: str) -> nn.Module:
-    """The checkpoint as its transformers class, in eval mode, from local files only."""
+def load_model(folder: Path, architecture: str, *, eager: bool = False) -> nn.Module:
+    """The checkpoint as its transformers class, in eval mode, from local files only.
+
+    ``eager``: transformers' eager attention, the implementation that returns the attention
+    weights (SDPA computes the same outputs without them).
+    """
     import transformers
 
-    model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True)
+    kwargs = {"attn_implementation": "eager"} if eager else {}
+    model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True, **kwargs)
     return model.eval()
 
 
@@ -326,14 +370,15 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
         head.check(config, folder)
     preprocessing = preprocessing_from_processor(processor, head)
     labels = labels_from_config(config, head)
-    model = load_model(folder, architecture)
+    model = load_model(folder, architecture, eager=head.prefix_tokens is not None)
     wrapper = head.wrapper(model)
     output_names = head.outputs
 
     preprocess = Preprocessor(preprocessing)
     batches = _parity_batches(preprocess)
     with torch.no_grad():
-        width = wrapper(batches[0])[0].shape[-1]  # the class scores come first
+        probe = wrapper(batches[0])
+    width = probe[0].shape[-1]  # the class scores come first
     if width != len(labels):
         raise ImportRefused(f"{folder}: the model outputs {width} classes but id2label gives {len(labels)} labels")
     path = out / "model.onnx"
@@ -348,8 +393,22 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
         f"{parameters / 1e6:.1f}M parameters; transformers {transformers.__version__}; preprocessing and labels "
         f"from the checkpoint's {processor.get('image_processor_type', 'image processor')} config and id2label",
     ]
-    if architecture == "DeiTForImageClassificationWithTeacher":
-        notes.append("logits = (class head + distillation head) / 2, DeiT's inference rule")
+    if head.note is not None:
+        notes.append(head.note(config))
+    attention = None
+    if head.prefix_tokens is not None:
+        patch = int(config.get("patch_size", 16))
+        grid = Size(height=h // patch, width=w // patch)
+        attention = AttentionSpec(output=output_names[-1], grid=grid, prefix_tokens=head.prefix_tokens(config))
+        tokens = len(attention.prefix_tokens) + grid.height * grid.width
+        if probe[-1].shape[-1] != tokens:  # the rollout would not fit: an importer bug, never a served model
+            raise ImportRefused(f"{folder}: {probe[-1].shape[-1]} attention tokens, expected {tokens} for {attention}")
+    class_maps = None
+    if head.class_map_grid is not None:
+        rows, cols = head.class_map_grid(config, (h, w))
+        class_maps = ClassMapSpec(output=output_names[-1], grid=Size(height=rows, width=cols))
+        if probe[-1].shape[1] != rows * cols:
+            raise ImportRefused(f"{folder}: {probe[-1].shape[1]} final tokens, expected a {rows}x{cols} grid")
     if head.no_object:
         notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
     source = config.get("_name_or_path") or folder.name
@@ -370,9 +429,14 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
             export=export_info(opset, diffs),
             notes="; ".join(notes),
         ),
+        attention=attention,
+        class_maps=class_maps,
+        no_attention_reason=head.no_attention_reason,
     )
     write_manifest(manifest, out / "model.json")
     return manifest
 
 
-from export import hf_detectors  # noqa: E402, F401 (registers the DETR family's heads into HEADS and TASKS)
+# The backbone families (DINOv2, Swin, Swinv2, BEiT) and the DETR family (YOLOS, Conditional and
+# Deformable DETR, RT-DETR v1/v2, D-FINE, LW-DETR, RF-DETR) register themselves into HEADS.
+from export import hf_backbones, hf_detectors  # noqa: E402, F401

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from export import hf_presets
 from export.hf_presets import COCO_91, IMAGENET_MEAN, IMAGENET_STD, _labels
 
 COCO_80 = [name for name in COCO_91 if name != "N/A"]
@@ -312,3 +313,5 @@ def jitter_constants(model: Any, seed: int) -> None:
 AFTER_INIT: dict[str, Callable[[Any, int], None]] = {
     name: jitter_constants for name in ("tiny-dfine", "dfine-xlarge", "rtdetr-r50vd", "rtdetr-v2-r50vd", "lwdetr-small")
 }
+hf_presets.PRESETS.update(PRESETS)
+hf_presets.AFTER_INIT.update(AFTER_INIT)

@@ -52,7 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from export.hf import HEADS, TASKS, ImportRefused, _Detector, _Head
+from export.hf import ImportRefused, _Detector, _Head, register
 from service.tasks import detection
 from service.tasks.detection_scores import RULES, SigmoidTopK, SoftmaxNoObject
 
@@ -207,5 +207,4 @@ def head(family: Family) -> _Head:
 
 
 for _family in FAMILIES:
-    HEADS[_family.architecture] = head(_family)
-    TASKS[_family.architecture] = detection.TASK.name
+    register(_family.architecture, head(_family))

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,10 +191,9 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
 }
 
-from export.hf_detector_presets import AFTER_INIT  # noqa: E402 (the DETR family, issue 19)
-from export.hf_detector_presets import PRESETS as _DETECTOR_PRESETS  # noqa: E402
-
-PRESETS.update(_DETECTOR_PRESETS)
+# preset -> a step after transformers' initialisation, (model, seed) -> None (the DETR family's, in
+# export.hf_detector_presets, which adds its presets to PRESETS and its steps here)
+AFTER_INIT: dict[str, Callable[[Any, int], None]] = {}
 
 
 def build(name: str, out: Path, *, seed: int = 0) -> Path:
@@ -231,5 +231,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {build(args.name, args.out, seed=args.seed)}")
 
 
+# The backbone families' presets (DINOv2, Swin, Swinv2, BEiT) and the DETR family's join PRESETS
+# from their own modules.
+from export import hf_backbones, hf_detector_presets  # noqa: E402, F401
+
 if __name__ == "__main__":
-    main()
+    from export.hf_presets import main as registered_main  # this module as imported, with every family's presets
+
+    registered_main()

@@ -8,6 +8,8 @@ Everything here works on a whole batch at once, with the randomness drawn from a
   He et al. 2016, Section 4.2).
 * :func:`mix` — Mixup (Zhang et al. 2018) or CutMix (Yun et al. 2019) between each image and
   the batch reversed, as timm's ``Mixup`` does in "batch" mode, returning soft targets.
+* :func:`random_erase` — Random Erasing (Zhong et al. 2020, Alg. 1) with per-pixel normal
+  noise, timm's ``RandomErasing(mode="pixel")`` that DeiT trains with (probability 0.25).
 * :func:`soft_targets` and :func:`soft_cross_entropy` — label smoothing (Szegedy et al. 2016)
   and the cross-entropy against a target distribution.
 """
@@ -42,6 +44,45 @@ def random_crop_flip(images: torch.Tensor, generator: torch.Generator, padding: 
         batch = torch.arange(B, device=device)[:, None, None]
         images = padded.permute(0, 2, 3, 1)[batch, rows, cols].permute(0, 3, 1, 2)  # (B, C, H, W)
     return torch.where(flip[:, None, None, None], images.flip(3), images)
+
+
+def random_erase(
+    images: torch.Tensor,
+    generator: torch.Generator,
+    prob: float = 0.25,
+    area: tuple[float, float] = (0.02, 1 / 3),
+    aspect: tuple[float, float] = (0.3, 1 / 0.3),
+) -> torch.Tensor:
+    """Random Erasing (Zhong et al. 2020, Alg. 1): with probability ``prob`` per image, a
+    rectangle of ``area`` (fraction of the image) and ``aspect`` ratio (h / w, drawn
+    log-uniformly) at a uniform position is replaced by N(0, 1) noise (the images are
+    normalised, so that is noise of the data's own scale). Up to 10 draws per image find a
+    rectangle that fits; an image whose draws all miss is left as it is.
+
+    Args:
+        images: float (B, C, H, W), normalised.
+        generator: CPU generator for every draw.
+
+    Returns:
+        float (B, C, H, W), a new tensor.
+    """
+    B, C, H, W = images.shape
+    out = images.clone()
+    erase = torch.rand(B, generator=generator) < prob
+    log_aspect = (float(np.log(aspect[0])), float(np.log(aspect[1])))
+    for b in torch.nonzero(erase).flatten().tolist():
+        for _ in range(10):
+            u, v = torch.rand(2, generator=generator).tolist()
+            target = H * W * (area[0] + (area[1] - area[0]) * u)
+            ratio = float(np.exp(log_aspect[0] + (log_aspect[1] - log_aspect[0]) * v))
+            h, w = round((target * ratio) ** 0.5), round((target / ratio) ** 0.5)
+            if 0 < h < H and 0 < w < W:
+                top = int(torch.randint(0, H - h + 1, (1,), generator=generator))
+                left = int(torch.randint(0, W - w + 1, (1,), generator=generator))
+                noise = torch.randn(C, h, w, generator=generator).to(images.device, images.dtype)
+                out[b, :, top : top + h, left : left + w] = noise
+                break
+    return out
 
 
 def soft_targets(labels: torch.Tensor, num_classes: int, smoothing: float = 0.0) -> torch.Tensor:

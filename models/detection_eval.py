@@ -6,7 +6,9 @@ scores the PyTorch model while training, the ONNX graph at export, and the serve
 
     python -m models.detection_eval --url http://127.0.0.1:8000
 
-posts the test split to a running server (threshold 0: every query) and prints its COCO AP.
+posts the test split to a running server (threshold 0: every query) and prints its COCO AP
+and what users see at the default ``threshold=0.5`` (:func:`set_quality`): the share of
+canvases holding a duplicate pair, precision and recall.
 """
 
 from __future__ import annotations
@@ -23,6 +25,76 @@ from PIL import Image
 RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
+def sigmoid_detect(
+    logits: np.ndarray,
+    boxes: np.ndarray,
+    labels: list[str],
+    *,
+    threshold: float,
+    max_detections: int,
+    box_scale: tuple[float, float],
+    image_size: tuple[int, int],
+) -> list[dict[str, Any]]:
+    """A sigmoid-classified detector's set for one image (Deformable DETR's ``PostProcess``).
+
+    Every (query, class) pair scores the sigmoid of its logit; the ``max_detections`` best pairs
+    over all queries and classes are kept (so one query may give two labels), then those
+    scoring at least ``threshold``, best first, as the Hugging Face
+    ``DeformableDetrImageProcessor.post_process_object_detection`` does (``top_k`` = ``max_detections``).
+
+    Args:
+        logits: float (num_queries, num_classes) raw scores, no "no object" column.
+        boxes: float (num_queries, 4) boxes (cx, cy, w, h) normalised to the model's input frame.
+        labels: class index -> name, ``len(labels) == num_classes``.
+        threshold, max_detections, box_scale, image_size: as
+            :func:`service.tasks.detection.detect`.
+
+    Returns:
+        :func:`service.tasks.detection.detect`'s list: label, class_id, score and box
+        (xmin, ymin, xmax, ymax) in pixels of the displayed image, clipped to it, best first
+        (ties: lower query, then lower class first).
+    """
+    if logits.ndim != 2 or logits.shape[1] != len(labels) or boxes.shape != (logits.shape[0], 4):
+        raise ValueError(f"expected logits (Q, {len(labels)}) and boxes (Q, 4), got {logits.shape} and {boxes.shape}")
+    scores = 1 / (1 + np.exp(-logits.astype(np.float64).ravel()))  # (Q * C,) query-major
+    order = np.argsort(-scores, kind="stable")[:max_detections]
+    order = order[scores[order] >= threshold]
+    queries, class_ids = np.divmod(order, logits.shape[1])
+    cx, cy, w, h = boxes[queries].astype(np.float64).T  # each (K,)
+    (sx, sy), (width, height) = box_scale, image_size
+    corners = (
+        np.clip((cx - w / 2) * sx, 0, width),
+        np.clip((cy - h / 2) * sy, 0, height),
+        np.clip((cx + w / 2) * sx, 0, width),
+        np.clip((cy + h / 2) * sy, 0, height),
+    )
+    return [
+        {
+            "label": labels[c],
+            "class_id": int(c),
+            "score": float(s),
+            "box": {"xmin": float(x0), "ymin": float(y0), "xmax": float(x1), "ymax": float(y1)},
+        }
+        for c, s, x0, y0, x1, y1 in zip(class_ids, scores[order], *corners, strict=True)
+    ]
+
+
+def score_rule(name: str) -> Callable[..., list[dict[str, Any]]]:
+    """The post-processing of one image's outputs by name: ``"softmax"`` (DETR's, the server's
+    :func:`service.tasks.detection.detect`) or ``"sigmoid"`` (:func:`sigmoid_detect`).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    if name == "softmax":
+        from service.tasks.detection import detect
+
+        return detect
+    if name == "sigmoid":
+        return sigmoid_detect
+    raise ValueError(f"unknown post-processing {name!r}; known: softmax, sigmoid")
+
+
 def detect_images(
     run: RunFn,
     images: Sequence[np.ndarray],
@@ -32,6 +104,7 @@ def detect_images(
     threshold: float = 0.0,
     max_detections: int = 100,
     batch_size: int = 50,
+    postprocess: str = "softmax",
 ) -> list[list[dict[str, Any]]]:
     """Detections for uint8 images, through the server's own preprocessing and post-processing.
 
@@ -39,17 +112,18 @@ def detect_images(
         run: the model (PyTorch or ONNX Runtime) on a batch of preprocessed inputs.
         images: uint8 (H, W) grayscale or (H, W, 3) RGB pixels, each image its own size.
         preprocessing: the manifest's :class:`service.manifest.Preprocessing`.
-        labels: class names, "no object" last.
+        labels: class names, "no object" last (``postprocess="sigmoid"``: none).
         threshold, max_detections: as the detect route's parameters (0 and 100 keep every
             query, as COCO evaluation wants).
         batch_size: images per call of ``run``.
+        postprocess: :func:`score_rule`'s name.
 
     Returns:
         Per image, :func:`service.tasks.detection.detect`'s list, boxes in the image's pixels.
     """
     from service.preprocess import Preprocessor
-    from service.tasks.detection import detect
 
+    detect = score_rule(postprocess)
     preprocess = Preprocessor(preprocessing)
     results: list[list[dict[str, Any]]] = []
     for start in range(0, len(images), batch_size):
@@ -122,6 +196,81 @@ def coco_ap(ground_truth: dict[str, Any], detections: Sequence[Sequence[dict[str
     return {**{name: float(stats[i]) for i, name in enumerate(names)}, "AR100": float(stats[8])}
 
 
+def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Pairwise IoU of xyxy boxes a (N, 4) and b (M, 4) -> (N, M)."""
+    lt = np.maximum(a[:, None, :2], b[None, :, :2])
+    rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
+    inter = np.prod(np.clip(rb - lt, 0, None), axis=2)
+    area_a = np.prod(a[:, 2:] - a[:, :2], axis=1)
+    area_b = np.prod(b[:, 2:] - b[:, :2], axis=1)
+    union = area_a[:, None] + area_b[None, :] - inter
+    return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
+
+
+def set_quality(
+    ground_truth: dict[str, Any],
+    detections: Sequence[Sequence[dict[str, Any]]],
+    *,
+    threshold: float = 0.5,
+    iou: float = 0.5,
+) -> dict[str, float]:
+    """What a user sees in a detector's sets at ``threshold``: duplicates, precision, recall.
+
+    A detection is kept when its score is at least ``threshold`` (the detect route's rule). A
+    **duplicate pair** is two kept detections of one image with the same label and IoU above
+    ``iou`` (the doubles that NMS would remove, and that a converged DETR does not make:
+    Carion et al. 2020, Sec. 4.2). Kept detections are matched to the image's objects
+    greedily, best score first, each to the unmatched object of its label with the highest
+    IoU of at least ``iou`` (COCO's rule at one IoU); a matched detection is a true positive,
+    the rest false positives, an unmatched object a miss.
+
+    Args:
+        ground_truth: a COCO instances dict; ``bbox`` is [x, y, width, height] in pixels.
+        detections: per image of ``ground_truth["images"]``, the server's detections.
+
+    Returns:
+        ``duplicate_canvas_fraction`` (images with at least one duplicate pair / images),
+        ``duplicate_pairs``, ``detections``, ``objects``, ``false_positives``, ``missed``,
+        ``precision`` (TP / kept; 1 when nothing is kept) and ``recall`` (TP / objects).
+    """
+    images = ground_truth["images"]
+    if len(detections) != len(images):
+        raise ValueError(f"{len(detections)} detection lists for {len(images)} images")
+    objects_of: dict[int, list[dict[str, Any]]] = {image["id"]: [] for image in images}
+    for annotation in ground_truth["annotations"]:
+        objects_of[annotation["image_id"]].append(annotation)
+    dup_images = dup_pairs = kept_total = tp_total = objects_total = 0
+    for image, dets in zip(images, detections, strict=True):
+        kept = sorted((d for d in dets if d["score"] >= threshold), key=lambda d: -d["score"])
+        objects = objects_of[image["id"]]
+        boxes = np.array([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in kept], float).reshape(-1, 4)
+        labels = np.array([int(d["class_id"]) for d in kept])
+        gt_boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (o["bbox"] for o in objects)], float).reshape(-1, 4)
+        gt_labels = np.array([int(o["category_id"]) for o in objects])
+        pairs = np.triu((_iou(boxes, boxes) > iou) & (labels[:, None] == labels[None, :]), k=1)
+        dup_pairs += int(pairs.sum())
+        dup_images += bool(pairs.any())
+        overlap = _iou(boxes, gt_boxes)
+        matched = np.zeros(len(objects), bool)
+        for i in range(len(kept)):  # best score first
+            candidates = np.where((gt_labels == labels[i]) & ~matched & (overlap[i] >= iou))[0]
+            if len(candidates):
+                matched[candidates[np.argmax(overlap[i, candidates])]] = True
+        kept_total += len(kept)
+        tp_total += int(matched.sum())
+        objects_total += len(objects)
+    return {
+        "duplicate_canvas_fraction": dup_images / max(len(images), 1),
+        "duplicate_pairs": float(dup_pairs),
+        "detections": float(kept_total),
+        "objects": float(objects_total),
+        "false_positives": float(kept_total - tp_total),
+        "missed": float(objects_total - tp_total),
+        "precision": tp_total / kept_total if kept_total else 1.0,
+        "recall": tp_total / objects_total if objects_total else 1.0,
+    }
+
+
 async def _detect_over_http(url: str, model: str, pngs: list[bytes], concurrency: int) -> list[list[dict[str, Any]]]:
     import asyncio
 
@@ -151,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="detr-digits")
     parser.add_argument("--count", type=int, default=SPLIT_SIZES["test"], help="test canvases to post")
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--threshold", type=float, default=0.5, help="the detect route's default, for set_quality")
     args = parser.parse_args(argv)
     canvases = load_split("test", None, args.count)
     pngs = []
@@ -159,10 +309,17 @@ def main(argv: list[str] | None = None) -> None:
         Image.fromarray(canvas.image).save(buffer, format="PNG")
         pngs.append(buffer.getvalue())
     detections = asyncio.run(_detect_over_http(args.url, args.model, pngs, args.concurrency))
-    ap = coco_ap(to_coco(canvases), detections)
+    ground_truth = to_coco(canvases)
+    ap = coco_ap(ground_truth, detections)
     objects = sum(len(c.labels) for c in canvases)
     print(f"{args.model} over HTTP, {len(canvases)} test canvases ({objects} objects), every query kept (threshold 0):")
     print(", ".join(f"{name} {value:.4f}" for name, value in ap.items() if value >= 0))
+    quality = set_quality(ground_truth, detections, threshold=args.threshold)
+    print(
+        f"at threshold {args.threshold}: duplicate pairs on {quality['duplicate_canvas_fraction']:.2%} of canvases "
+        f"({quality['duplicate_pairs']:.0f} pairs); {quality['detections']:.0f} detections, precision "
+        f"{quality['precision']:.4f}, recall {quality['recall']:.4f} ({quality['missed']:.0f} objects missed)"
+    )
 
 
 if __name__ == "__main__":

@@ -7,11 +7,27 @@ a linear class head (num_classes + 1 outputs, the last being "no object") and a 
 box head whose sigmoid gives a (cx, cy, w, h) box normalised to the input. Trained with the
 Hungarian set loss (:mod:`models.matcher`, :mod:`models.losses`), so inference needs no
 anchors and no non-maximum suppression.
+
+Two training variants, both one-to-one at inference (no NMS):
+
+* ``classification="sigmoid"``: the class head has ``num_classes`` outputs and no "no object"
+  class, each an independent sigmoid trained with the focal loss (Lin et al. 2017, as
+  Deformable DETR does: Zhu et al. 2021, Sec. 4.1 and appendix A.2); its bias starts at
+  ``-log((1 - 0.01) / 0.01)`` (Lin et al. 2017, Sec. 4.1, "Initialization").
+* ``num_groups=K`` (Group DETR, Chen et al. 2023, Sec. 3.2): K groups of ``num_queries``
+  queries in training, each matched one-to-one to the targets on its own, the decoder's
+  self-attention kept within a group; in eval mode, and after :func:`for_inference`, only
+  group 0 is decoded, so outputs and the exported graph keep ``num_queries`` queries.
+* ``dn_groups=P`` (DN-DETR, Li et al. 2022): given the targets in training, P groups of noised
+  ground-truth queries are decoded beside the matching ones (:mod:`models.denoising`) and
+  returned apart, under ``"dn"``; without targets, in eval mode and after
+  :func:`for_inference`, there are none.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+import math
+from dataclasses import asdict, dataclass, fields, replace
 from typing import Any, Literal
 
 import torch
@@ -41,6 +57,11 @@ class DETRConfig:
         in_channels: 1 (grayscale) or 3 (RGB).
         image_size: (height, width) the model is trained and exported at, in pixels.
         aux_loss: return every decoder layer's predictions for the auxiliary losses.
+        classification: "softmax" (DETR: num_classes + 1 outputs, "no object" last) or
+            "sigmoid" (Deformable DETR's focal form: num_classes outputs, no "no object").
+        num_groups: Group DETR's query groups in training (1: plain DETR).
+        dn_groups, dn_label_noise, dn_box_noise: DN-DETR's denoising groups in training (0:
+            none), label flip probability and box noise scale (0.2 and 0.4 in the paper).
     """
 
     num_classes: int = 91
@@ -58,6 +79,14 @@ class DETRConfig:
     in_channels: int = 3
     image_size: tuple[int, int] = (800, 800)
     aux_loss: bool = True
+    classification: Literal["softmax", "sigmoid"] = "softmax"
+    num_groups: int = 1
+    dn_groups: int = 0
+    dn_label_noise: float = 0.2
+    dn_box_noise: float = 0.4
+
+
+FOCAL_PRIOR = 0.01  # Lin et al. 2017, Sec. 4.1: every class starts at probability ~0.01
 
 
 CONFIGS: dict[str, DETRConfig] = {
@@ -102,14 +131,27 @@ class MLP(nn.Module):
 class DETR(nn.Module):
     """Backbone + transformer + prediction heads.
 
-    ``forward(images)`` takes float32 (B, C, H, W) and returns a dict:
+    ``forward(images, pixel_mask=None)`` takes float32 (B, C, H, W) and, for a batch padded
+    to one size, ``pixel_mask`` (B, H, W), 1 on real pixels and 0 on padding (the Hugging Face
+    processor's convention; padding at the bottom and right), and returns a dict:
 
     * ``pred_logits``: (B, num_queries, num_classes + 1) raw class scores, the last column
-      "no object";
+      "no object" (``classification="sigmoid"``: (B, num_queries, num_classes), no "no object");
     * ``pred_boxes``: (B, num_queries, 4) boxes (cx, cy, w, h) in [0, 1], relative to the
       input's width and height;
     * ``aux_outputs`` (only with ``aux_loss``): the same two for every decoder layer but the
       last, a list of dicts, for the auxiliary losses.
+
+    The mask is downsampled to the feature map (nearest, as DETR's ``NestedTensor``); the
+    position encoding is normalised by each image's valid extent and no attention reads a
+    padded position (Carion et al. 2020, Sec. 4). The transformer then cannot tell how much
+    padding an image got, so with a mask the boxes are relative to the unpadded image, as in
+    DETR's own training (targets normalised before batch padding; Massa in facebookresearch/detr
+    issue 286); without a mask, relative to the whole input (a letterboxed input's padding
+    included).
+
+    In training mode with ``num_groups = K > 1`` the outputs hold K * num_queries queries, group
+    k at ``[k * num_queries, (k + 1) * num_queries)``; in eval mode only group 0's.
     """
 
     def __init__(self, config: DETRConfig) -> None:
@@ -130,17 +172,63 @@ class DETR(nn.Module):
             dropout=config.dropout,
             normalize_before=config.normalize_before,
         )
-        self.query_embed = nn.Embedding(config.num_queries, d)
-        self.class_embed = nn.Linear(d, config.num_classes + 1)
+        if config.num_groups < 1:
+            raise ValueError(f"num_groups must be >= 1, got {config.num_groups}")
+        self.query_embed = nn.Embedding(config.num_queries * config.num_groups, d)
+        no_object = config.classification == "softmax"
+        self.class_embed = nn.Linear(d, config.num_classes + no_object)
+        if not no_object:
+            nn.init.constant_(self.class_embed.bias, -math.log((1 - FOCAL_PRIOR) / FOCAL_PRIOR))
         self.bbox_embed = MLP(d, d, 4, 3)
+        if config.dn_groups:  # DN-DETR: a noised label's content, a noised box's position
+            self.dn_label_embed = nn.Embedding(config.num_classes + 1, d)  # + 1: padding slots
+            self.dn_box_embed = MLP(4, d, d, 2)
 
-    def forward(self, images: torch.Tensor) -> dict[str, Any]:
+    def queries(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The object queries decoded now and their self-attention mask.
+
+        Returns:
+            (Q, d) query embeddings, Q = num_groups * num_queries in training and num_queries
+            in eval mode, and a bool (Q, Q) mask, True within a group (None with one group).
+        """
+        n, groups = self.config.num_queries, self.config.num_groups if self.training else 1
+        queries = self.query_embed.weight[: n * groups]  # (Q, d)
+        if groups == 1:
+            return queries, None
+        group = torch.arange(n * groups, device=queries.device) // n  # (Q,) each query's group
+        return queries, group[:, None] == group[None, :]  # (Q, Q) block diagonal
+
+    def forward(
+        self,
+        images: torch.Tensor,
+        pixel_mask: torch.Tensor | None = None,
+        targets: list[dict[str, torch.Tensor]] | None = None,
+    ) -> dict[str, Any]:
         features = self.backbone(images)  # (B, C_backbone, H', W')
         src = self.input_proj(features)  # (B, d, H', W')
-        pos = self.position_encoding(src).to(src.dtype)  # (B, d, H', W')
-        hs = self.transformer(src, self.query_embed.weight, pos)  # (L, B, N, d)
-        logits = self.class_embed(hs)  # (L, B, N, num_classes + 1)
-        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, N, 4) normalised cxcywh
+        mask = None
+        if pixel_mask is not None:
+            valid = F.interpolate(pixel_mask[:, None].to(src.dtype), size=src.shape[-2:], mode="nearest")[:, 0]
+            mask = valid < 0.5  # (B, H', W') True on padding
+        pos = self.position_encoding(src, mask).to(src.dtype)  # (B, d, H', W')
+        queries, query_mask = self.queries()  # (Q, d), (Q, Q) or None
+        tgt, dn = None, None
+        if self.training and self.config.dn_groups and targets is not None:
+            queries, query_mask, tgt, dn = self._with_denoising(queries, query_mask, targets, src.shape[0])
+        hs = self.transformer(src, queries, pos, mask, query_mask, tgt)  # (L, B, Q [+ P M], d)
+        logits = self.class_embed(hs)  # (L, B, Q, num_classes + 1), or num_classes for "sigmoid"
+        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, Q, 4) normalised cxcywh
+        if dn is not None:  # the denoising queries come after the matching ones
+            q = logits.shape[2] - dn["labels"].shape[1]
+            dn.update(self._outputs(logits[:, :, q:], boxes[:, :, q:]))
+            logits, boxes = logits[:, :, :q], boxes[:, :, :q]
+        out = self._outputs(logits, boxes)
+        if dn is not None:
+            out["dn"] = dn
+        return out
+
+    def _outputs(self, logits: torch.Tensor, boxes: torch.Tensor) -> dict[str, Any]:
+        """Per-layer logits and boxes (L, B, Q, .) -> the last layer's, and the others as ``aux_outputs``."""
         out: dict[str, Any] = {"pred_logits": logits[-1], "pred_boxes": boxes[-1]}
         if self.config.aux_loss:
             out["aux_outputs"] = [
@@ -148,17 +236,54 @@ class DETR(nn.Module):
             ]
         return out
 
+    def _with_denoising(
+        self, queries: torch.Tensor, query_mask: torch.Tensor | None, targets: list, batch: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
+        """The matching queries with DN-DETR's denoising queries appended: positions (B, Q + P M, d),
+        the attention mask, the initial content (zeros for the matching ones) and the denoising meta."""
+        from models.denoising import attention_mask, noised_queries
+
+        c = self.config
+        dn = noised_queries(targets, c.dn_groups, c.num_classes, label_noise=c.dn_label_noise, box_noise=c.dn_box_noise)
+        positions = self.dn_box_embed(dn["boxes"])  # (B, P M, d)
+        content = self.dn_label_embed(dn["labels"])  # (B, P M, d)
+        n = queries.shape[0]
+        matching = query_mask if query_mask is not None else torch.ones(n, n, dtype=torch.bool)
+        mask = attention_mask(matching, c.dn_groups, int(dn["group_size"]))
+        positions = torch.cat([queries.unsqueeze(0).expand(batch, -1, -1), positions], dim=1)
+        content = torch.cat([torch.zeros(batch, n, queries.shape[1]), content], dim=1)
+        return positions, mask, content, dn
+
 
 class DETRForExport(nn.Module):
-    """The graph the server runs: images (B, C, H, W) -> (pred_logits, pred_boxes), no auxiliary outputs."""
+    """The graph the server runs: images (B, C, H, W) -> (pred_logits, pred_boxes), no auxiliary outputs.
 
-    def __init__(self, model: DETR) -> None:
+    With ``mask``, a second input ``pixel_mask`` (B, H, W) as :class:`DETR`'s.
+    """
+
+    def __init__(self, model: DETR, mask: bool = False) -> None:
         super().__init__()
         self.model = model
+        self.mask = mask
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.model(images)
+    def forward(
+        self, images: torch.Tensor, pixel_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.model(images, pixel_mask if self.mask else None)
         return out["pred_logits"], out["pred_boxes"]
+
+
+def for_inference(model: DETR) -> DETR:
+    """A copy of ``model`` with only what inference uses: group 0's queries, no denoising embeddings.
+
+    Its outputs equal ``model``'s in eval mode; the exported graph is the plain DETR's.
+    """
+    config = replace(model.config, num_groups=1, dn_groups=0)
+    state = {k: v for k, v in model.state_dict().items() if not k.startswith("dn_")}  # training-only
+    state["query_embed.weight"] = state["query_embed.weight"][: config.num_queries].clone()
+    inference = DETR(config)
+    inference.load_state_dict(state)
+    return inference.eval()
 
 
 def count_parameters(model: nn.Module) -> int:
@@ -174,6 +299,33 @@ def config_dict(config: DETRConfig) -> dict[str, Any]:
 def config_from_dict(values: dict[str, Any]) -> DETRConfig:
     """Inverse of :func:`config_dict` (lists back to tuples)."""
     return DETRConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """``["num_queries=50", "num_decoder_layers=6"]`` -> typed :class:`DETRConfig` overrides.
+
+    Values take the type of the field's default (int, float, bool, str; tuples as
+    comma-separated ints).
+
+    Raises:
+        ValueError: an item without ``=`` or a field DETRConfig does not have.
+    """
+    defaults = {f.name: f.default for f in fields(DETRConfig)}
+    overrides: dict[str, Any] = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or name not in defaults:
+            raise ValueError(f"expected FIELD=VALUE with a DETRConfig field ({sorted(defaults)}), got {item!r}")
+        default = defaults[name]
+        if isinstance(default, bool):
+            if text.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"{name} takes true or false, got {text!r}")
+            overrides[name] = text.lower() in ("true", "1")
+        elif isinstance(default, tuple):
+            overrides[name] = tuple(int(v) for v in text.split(",") if v)
+        else:
+            overrides[name] = type(default)(text)
+    return overrides
 
 
 def build(name: str, **overrides: Any) -> DETR:

@@ -5,9 +5,10 @@ row, half the column, each as interleaved sin/cos of the position at ``num_pos_f
 geometrically spaced frequencies. With ``normalize`` the positions are scaled to (0, 2 pi]
 first, so the encoding of a feature map does not depend on its size in pixels.
 
-DETR computes the positions from a padding mask (a cumulative sum over valid pixels). Every
-input here has the same size and no batch padding, so the mask is all valid and the cumulative
-sum is simply 1, 2, ..., H (and W); this module computes exactly that.
+DETR computes the positions from a padding mask: a cumulative sum over the valid pixels of
+each row and column, normalised by the valid extent, so an image padded to a larger canvas
+(a batch of mixed sizes, Carion et al. 2020, Sec. 4: "images ... padded") gets the same
+encoding on its own pixels as alone. Without a mask every position is valid.
 """
 
 from __future__ import annotations
@@ -38,30 +39,40 @@ class PositionEmbeddingSine(nn.Module):
         self.normalize = normalize
         self.scale = scale
 
-    def forward(self, features: torch.Tensor) -> torch.Tensor:
-        """Args: features (B, C, H, W), only its shape is used. Returns float32 (B, 2 * num_pos_feats, H, W).
+    def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The encoding of a feature map, float32 (B, 2 * num_pos_feats, H, W).
+
+        Args:
+            features: (B, C, H, W); only its shape is used.
+            mask: bool (B, H, W), True on padding (DETR's convention); None: all valid. The
+                valid region must be a top-left rectangle (padding bottom and right), as the
+                server pads.
 
         Channels ``[0, num_pos_feats)`` encode the row (y), the rest the column (x), each as
-        (sin f0, cos f0, sin f1, cos f1, ...).
+        (sin f0, cos f0, sin f1, cos f1, ...). Padded positions get values too (the attention
+        masks them out).
         """
         batch, _, height, width = features.shape
         device = features.device
-        y_embed = torch.arange(1, height + 1, dtype=torch.float32, device=device)[:, None].expand(height, width)
-        x_embed = torch.arange(1, width + 1, dtype=torch.float32, device=device)[None, :].expand(height, width)
+        if mask is None:
+            valid = torch.ones(batch, height, width, dtype=torch.float32, device=device)
+        else:
+            valid = (~mask).to(torch.float32)
+        y_embed = valid.cumsum(1)  # (B, H, W): 1, 2, ... down each valid column
+        x_embed = valid.cumsum(2)
         if self.normalize:
             eps = 1e-6
-            y_embed = y_embed / (height + eps) * self.scale  # the last row is at ~2 pi
-            x_embed = x_embed / (width + eps) * self.scale
+            y_embed = y_embed / (y_embed[:, -1:, :] + eps) * self.scale  # the last valid row is at ~2 pi
+            x_embed = x_embed / (x_embed[:, :, -1:] + eps) * self.scale
 
         dim_t = torch.arange(self.num_pos_feats, dtype=torch.float32, device=device)
         dim_t = self.temperature ** (2 * torch.div(dim_t, 2, rounding_mode="floor") / self.num_pos_feats)
 
-        pos_x = x_embed[:, :, None] / dim_t  # (H, W, num_pos_feats)
-        pos_y = y_embed[:, :, None] / dim_t
-        pos_x = torch.stack((pos_x[:, :, 0::2].sin(), pos_x[:, :, 1::2].cos()), dim=3).flatten(2)
-        pos_y = torch.stack((pos_y[:, :, 0::2].sin(), pos_y[:, :, 1::2].cos()), dim=3).flatten(2)
-        pos = torch.cat((pos_y, pos_x), dim=2).permute(2, 0, 1)  # (2 * num_pos_feats, H, W)
-        return pos.unsqueeze(0).expand(batch, -1, -1, -1)
+        pos_x = x_embed[..., None] / dim_t  # (B, H, W, num_pos_feats)
+        pos_y = y_embed[..., None] / dim_t
+        pos_x = torch.stack((pos_x[..., 0::2].sin(), pos_x[..., 1::2].cos()), dim=4).flatten(3)
+        pos_y = torch.stack((pos_y[..., 0::2].sin(), pos_y[..., 1::2].cos()), dim=4).flatten(3)
+        return torch.cat((pos_y, pos_x), dim=3).permute(0, 3, 1, 2)  # (B, 2 * num_pos_feats, H, W)
 
 
 def build_position_encoding(hidden_size: int) -> PositionEmbeddingSine:

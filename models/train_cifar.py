@@ -2,6 +2,8 @@
 
     python -m models.train_cifar --arch vit --out runs/vit-cifar10     # the served model
     python -m models.train_cifar --arch cnn --out runs/cnn-cifar10     # the reference CNN
+    python -m models.train_cifar --arch deit --teacher runs/cnn-cifar10/checkpoint.pt \
+        --out runs/deit-cifar10                                          # DeiT, distilled from the CNN
 
 The recipe (Touvron et al., "Training data-efficient image transformers", 2021, Table 9,
 cut to a CPU budget): AdamW (lr 1e-3 at batch 128, weight decay 0.05, none on biases,
@@ -10,6 +12,12 @@ decay over 15 epochs, label smoothing 0.1, random crop (4-pixel reflect padding)
 horizontal flip; Mixup and CutMix are available (``--mixup``, ``--cutmix``) but off by
 default: at a schedule this short the small models underfit, and mixing slows them further
 (DeiT trains 300 epochs). Both architectures use the same command, recipe and epochs.
+
+``--arch deit`` is the same ViT with DeiT's distillation token (``models.vit``), trained by
+hard-label distillation (Touvron et al. 2021, Sec. 5.1, Eq. 3): the class head learns the true
+label (label-smoothed, mixed like the image), the distillation head the teacher's argmax on
+the same augmented image, each with weight 1/2. The teacher is a ``checkpoint.pt`` of this
+script (``--teacher``; the CNN), frozen, in eval mode. ``--erase`` adds DeiT's random erasing.
 
 The device is chosen automatically (CUDA when ``torch.cuda.is_available()``, with bf16
 autocast; else the CPU, float32, all of its cores). ``torch.compile`` is used where it
@@ -38,7 +46,7 @@ import torch
 from torch import nn
 
 from models import cnn, vit
-from models.augment import mix, random_crop_flip, soft_cross_entropy, soft_targets
+from models.augment import mix, random_crop_flip, random_erase, soft_cross_entropy, soft_targets
 from models.cifar import CIFAR10_LABELS, load_cifar10_splits
 from models.training import plot_curves, seed_everything, warmup_cosine, write_json
 
@@ -57,22 +65,46 @@ PREPROCESSING = {
 TRAINING_DATA = "CIFAR-10 (Krizhevsky 2009) as 32x32 JPEGs: the 50,000 training images; test: the 10,000 test images"
 
 
+ARCHITECTURES = ("vit", "deit", "cnn")
+
+
 def build_model(arch: str) -> tuple[nn.Module, dict[str, object]]:
-    """The model for ``arch`` ("vit" or "cnn") and its config as a plain dict."""
-    if arch == "vit":
-        model = vit.build("cifar10")
+    """The model for ``arch`` ("vit", "deit" or "cnn") and its config as a plain dict."""
+    if arch in ("vit", "deit"):
+        model = vit.build("cifar10", distillation=arch == "deit")
         return model, vit.config_dict(model.config)
     if arch == "cnn":
         model = cnn.build("cifar10")
         return model, cnn.config_dict(model.config)
-    raise ValueError(f"unknown arch {arch!r}; 'vit' or 'cnn'")
+    raise ValueError(f"unknown arch {arch!r}; one of {ARCHITECTURES}")
+
+
+def load_teacher(path: Path, device: torch.device) -> nn.Module:
+    """A frozen classifier from a ``checkpoint.pt`` this script wrote, in eval mode, on ``device``.
+
+    Raises:
+        ValueError: the checkpoint is not a CIFAR-10 classifier of this script.
+    """
+    checkpoint = torch.load(path, map_location=device, weights_only=False)
+    if checkpoint.get("dataset") != "cifar10" or checkpoint.get("architecture") not in ARCHITECTURES:
+        raise ValueError(f"{path} is not a CIFAR-10 checkpoint of models.train_cifar")
+    if checkpoint["architecture"] == "cnn":
+        teacher: nn.Module = cnn.CNN(cnn.CNNConfig(**checkpoint["config"]))
+    else:
+        teacher = vit.ViT(vit.ViTConfig(**checkpoint["config"]))
+    teacher.load_state_dict(checkpoint["state_dict"])
+    teacher.to(device).eval()
+    for parameter in teacher.parameters():
+        parameter.requires_grad_(False)
+    return teacher
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
     """AdamW groups: weight decay on weight matrices and conv kernels only (timm's practice)."""
     decay, no_decay = [], []
+    tokens = ("cls_token", "dist_token", "pos_embed")
     for name, parameter in model.named_parameters():
-        (no_decay if parameter.ndim <= 1 or name in ("cls_token", "pos_embed") else decay).append(parameter)
+        (no_decay if parameter.ndim <= 1 or name in tokens else decay).append(parameter)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -113,6 +145,23 @@ def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean,
     return losses / len(images), correct / len(images)
 
 
+def distillation_loss(student: nn.Module, teacher: nn.Module, x: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """DeiT's hard-label distillation (Touvron et al. 2021, Sec. 5.1, Eq. 3), a scalar:
+    1/2 CE(class head, ``targets``) + 1/2 CE(distillation head, the teacher's argmax on ``x``).
+
+    Args:
+        student: a ViT with a distillation token (``forward(x, heads=True)``).
+        teacher: any classifier, frozen.
+        x: the augmented batch, float32 (B, C, H, W), normalised.
+        targets: (B, K) soft targets of the true labels (smoothed, mixed).
+    """
+    with torch.no_grad():
+        teacher_labels = teacher(x).argmax(dim=1)
+    class_logits, distillation_logits = student(x, heads=True)
+    hard = nn.functional.cross_entropy(distillation_logits.float(), teacher_labels)
+    return 0.5 * soft_cross_entropy(class_logits, targets) + 0.5 * hard
+
+
 def device_description(device: torch.device) -> str:
     """e.g. "cuda: NVIDIA H200" or "cpu: 2 threads, x86_64 (Intel Xeon ...)"."""
     if device.type == "cuda":
@@ -139,6 +188,8 @@ def train(
     mixup: float = 0.0,
     cutmix: float = 0.0,
     mix_prob: float = 1.0,
+    erase: float = 0.0,
+    teacher: Path | None = None,
     seed: int = 0,
     compile: bool = True,
     eval_every: int = 1,
@@ -151,7 +202,10 @@ def train(
 
     Args:
         out: output folder.
-        arch: "vit" (``models.vit.CONFIGS["cifar10"]``) or "cnn" (``models.cnn.CONFIGS["cifar10"]``).
+        arch: "vit" (``models.vit.CONFIGS["cifar10"]``), "deit" (the same with a distillation
+            token; needs ``teacher``) or "cnn" (``models.cnn.CONFIGS["cifar10"]``).
+        erase: probability of random erasing per image (Zhong et al. 2020; DeiT uses 0.25).
+        teacher: the distillation teacher's ``checkpoint.pt`` (``arch`` "deit" only).
         epochs: passes over the training split; the schedule is per step.
         eval_every: test-split evaluation every N epochs (and after the last).
         data: the JPEG archive (default: :func:`models.cifar.find_archive`).
@@ -171,6 +225,9 @@ def train(
     x_train, y_train = to_device_tensor(train_split.images, device), torch.from_numpy(train_split.labels).to(device)
     x_test, y_test = to_device_tensor(test_split.images, device), torch.from_numpy(test_split.labels).to(device)
 
+    if (arch == "deit") != (teacher is not None):
+        raise ValueError("--arch deit needs --teacher, and only it takes one")
+    teacher_model = load_teacher(teacher, device) if teacher is not None else None
     model, config = build_model(arch)
     model.to(device)
     parameters = sum(p.numel() for p in model.parameters())
@@ -222,8 +279,13 @@ def train(
             x = random_crop_flip(normalise(x_train[index], mean, std), generator)
             targets = soft_targets(y_train[index], len(CIFAR10_LABELS), label_smoothing)
             x, targets = mix(x, targets, generator, mixup_alpha=mixup, cutmix_alpha=cutmix, prob=mix_prob)
+            if erase > 0:
+                x = random_erase(x, generator, prob=erase)
             with autocast(device):
-                loss = soft_cross_entropy(forward(x), targets)
+                if teacher_model is None:
+                    loss = soft_cross_entropy(forward(x), targets)
+                else:
+                    loss = distillation_loss(forward, teacher_model, x, targets)
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -273,6 +335,7 @@ def train(
     test_loss, test_accuracy = evaluate(model, x_test, y_test, mean, std)
     metrics: dict[str, object] = {
         "test_accuracy": test_accuracy,
+        **({"teacher_test_accuracy": evaluate(teacher_model, x_test, y_test, mean, std)[1]} if teacher_model else {}),
         "test_loss": round(test_loss, 4),
         "train_loss_last_epoch": round(history["train loss"][-1][1], 4),
         "wall_seconds": round(wall_seconds, 1),
@@ -320,7 +383,7 @@ def train(
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--arch", choices=["vit", "cnn"], default="vit")
+    parser.add_argument("--arch", choices=ARCHITECTURES, default="vit")
     parser.add_argument("--out", type=Path, default=None, help="default: runs/<arch>-cifar10")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--batch-size", type=int, default=128)
@@ -330,6 +393,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--label-smoothing", type=float, default=0.1)
     parser.add_argument("--mixup", type=float, default=0.0, help="Mixup alpha (0: off)")
     parser.add_argument("--cutmix", type=float, default=0.0, help="CutMix alpha (0: off)")
+    parser.add_argument("--erase", type=float, default=0.0, help="random erasing probability (DeiT: 0.25)")
+    parser.add_argument("--teacher", type=Path, default=None, help="--arch deit: the teacher's checkpoint.pt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--eval-every", type=int, default=1)
     parser.add_argument("--no-compile", action="store_true")
@@ -355,6 +420,8 @@ def main(argv: list[str] | None = None) -> None:
         label_smoothing=args.label_smoothing,
         mixup=args.mixup,
         cutmix=args.cutmix,
+        erase=args.erase,
+        teacher=args.teacher,
         seed=args.seed,
         compile=not args.no_compile,
         eval_every=args.eval_every,

@@ -20,6 +20,19 @@ writes ``checkpoint.pt`` (the weights and everything export needs), ``last.pt`` 
 ``--resume`` from), ``metrics.json`` and ``training_curves.png`` into ``--out``; the
 generated splits are cached under ``--data`` (default ``data/detr-digits``; the 60,000 train
 canvases take about 0.5 GB there and 4 GB of memory as float32 inputs).
+
+Recipe levers (issue 21; defaults keep the recipe above), each registered in one place:
+``--classification focal`` (``models.losses.CLASSIFICATIONS``: Deformable DETR's sigmoid focal
+loss and cost, no "no object" class; the checkpoint's ``postprocess`` becomes ``"sigmoid"``),
+``--groups K`` (Group DETR: K query groups matched one-to-one each, only group 0 kept in the
+checkpoint), ``--set FIELD=VALUE`` (any ``models.detr.DETRConfig`` field, e.g.
+``num_queries=100``, ``num_decoder_layers=6``, or ``dn_groups=5`` for DN-DETR's denoising
+queries), ``--inputs bucket|padded``
+(``models.detr_inputs.INPUT_FORMATS``: canvases at their own size with a pixel mask instead of
+letterboxed, issue 18). ``--sitting-steps N`` stops after N steps of this call, with ``last.pt``
+written, to ``--resume`` in a later sitting. Every evaluation reports, beside AP, what users see
+at threshold 0.5 (``models.detection_eval.set_quality``): the share of canvases holding a
+duplicate pair, precision and recall; they go into ``metrics.json`` and the curves.
 """
 
 from __future__ import annotations
@@ -36,28 +49,18 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from models.box_ops import box_xyxy_to_cxcywh
 from models.detection_data import DIGIT_CLASSES, SPLIT_SIZES, Canvas, load_split, to_coco
-from models.detection_eval import coco_ap, detect_images
-from models.detr import DETR, build, config_dict
-from models.losses import build_criterion
-from models.training import plot_curves, seed_everything, write_json
+from models.detection_eval import coco_ap, set_quality
+from models.detr import DETR, build, config_dict, for_inference
+from models.detr_inputs import INPUT_FORMATS, PREPROCESSING, InputFormat, epoch_batches
+from models.losses import CLASSIFICATIONS, build_criterion
+from models.training import machine, plot_curves, seed_everything, write_json
 
 CONFIG = "digits-small"
 LABELS = [*DIGIT_CLASSES, "no-object"]  # DETR's "no object" class last
-# The preprocessing the model is trained with; export copies it into the manifest.
-PREPROCESSING = {
-    "color_mode": "L",
-    "resize": "letterbox",
-    "size": {"height": 128, "width": 128},
-    "interpolation": "bilinear",
-    "scale": 1 / 255,
-    "mean": [0.0],
-    "std": [1.0],
-    "pad_value": 0,
-    # light ink on a dark canvas: a transparent pixel is the dark background
-    "background": (0, 0, 0),
-}
+SIGMOID_LABELS = list(DIGIT_CLASSES)  # a sigmoid class head has no "no object" output
+# PREPROCESSING (models.detr_inputs): the letterbox the model is trained with; export copies it.
+QUALITY = ("duplicate_canvas_fraction", "precision", "recall")  # set_quality's, at threshold 0.5
 TRAINING_DATA = (
     "synthetic digits detection (models/detection_data.py, seed 2020): scikit-learn digits at 12-32 px on "
     "64-128 px noisy canvases, 1-5 objects; {train} train / {val} val / {test} test canvases, "
@@ -75,41 +78,43 @@ def preprocessing_spec():
 def to_inputs_and_targets(canvases: list[Canvas]) -> tuple[torch.Tensor, list[dict[str, torch.Tensor]]]:
     """Canvases -> model inputs float32 (N, 1, 128, 128) and DETR targets, exactly as served.
 
-    The inputs come from the server's own :class:`service.preprocess.Preprocessor`; each
-    target's ``boxes`` are normalised (cx, cy, w, h) in the letterboxed input frame, the
-    inverse of :meth:`~service.preprocess.Preprocessor.box_scale`, ``labels`` int64.
+    The letterbox format of :mod:`models.detr_inputs`: the server's own
+    :class:`service.preprocess.Preprocessor`; each target's ``boxes`` are normalised
+    (cx, cy, w, h) in the letterboxed input frame, the inverse of
+    :meth:`~service.preprocess.Preprocessor.box_scale`, ``labels`` int64.
     """
-    from PIL import Image
-
-    from service.preprocess import Preprocessor
-
-    preprocess = Preprocessor(preprocessing_spec())
-    inputs, targets = [], []
-    for canvas in canvases:
-        image = Image.fromarray(canvas.image)  # uint8 (H, W): mode "L"
-        inputs.append(torch.from_numpy(preprocess(image)))
-        sx, sy = preprocess.box_scale(image.size, image.size)
-        boxes = torch.from_numpy(canvas.boxes) / torch.tensor([sx, sy, sx, sy], dtype=torch.float32)
-        targets.append({"labels": torch.from_numpy(canvas.labels), "boxes": box_xyxy_to_cxcywh(boxes)})
-    return torch.stack(inputs), targets
+    prepared = INPUT_FORMATS["letterbox"].prepare(canvases)
+    return prepared.images, prepared.targets
 
 
 def torch_runner(model: DETR):
-    """``model`` as a :data:`models.detection_eval.RunFn` (eval mode, no gradients)."""
+    """``model`` as a :data:`models.detr_inputs.MaskedRunFn` (eval mode, no gradients)."""
 
     @torch.no_grad()
-    def run(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def run(batch: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         model.eval()
-        out = model(torch.from_numpy(batch))
+        out = model(torch.from_numpy(batch), None if mask is None else torch.from_numpy(mask))
         return out["pred_logits"].numpy(), out["pred_boxes"].numpy()
 
     return run
 
 
-def evaluate(model: DETR, canvases: list[Canvas]) -> dict[str, float]:
-    """COCO AP of ``model`` on ``canvases`` (every query kept, as COCO evaluation wants)."""
-    detections = detect_images(torch_runner(model), [c.image for c in canvases], preprocessing_spec(), LABELS)
-    return coco_ap(to_coco(canvases), detections)
+def evaluate(
+    model: DETR, canvases: list[Canvas], inputs: InputFormat | None = None, postprocess: str = "softmax"
+) -> dict[str, float]:
+    """COCO AP of ``model`` on ``canvases`` (every query kept, as COCO evaluation wants), and
+    :func:`~models.detection_eval.set_quality` at the detect route's default threshold 0.5.
+
+    Args:
+        inputs: the input format (default letterbox, as served today).
+        postprocess: ``"softmax"`` or ``"sigmoid"``, the checkpoint's ``postprocess``.
+    """
+    inputs = inputs or INPUT_FORMATS["letterbox"]
+    labels = SIGMOID_LABELS if postprocess == "sigmoid" else LABELS
+    detections = inputs.detections(torch_runner(model), canvases, labels, postprocess)
+    truth = to_coco(canvases)
+    quality = set_quality(truth, detections, threshold=0.5)
+    return {**coco_ap(truth, detections), **{k: quality[k] for k in QUALITY}}
 
 
 def pretrain_backbone(
@@ -184,7 +189,13 @@ def train(
     split_sizes: dict[str, int] | None = None,
     resume: Path | None = None,
     quiet: bool = False,
-) -> dict[str, float]:
+    classification: str = "softmax",
+    groups: int = 1,
+    overrides: dict[str, Any] | None = None,
+    inputs: str = "letterbox",
+    sitting_steps: int | None = None,
+    recipe: str | None = None,
+) -> dict[str, Any]:
     """Train, evaluate on the test split, and write the checkpoint, metrics and curves.
 
     Args:
@@ -198,29 +209,40 @@ def train(
         split_sizes: canvases per split (default ``SPLIT_SIZES``; ``--train-images`` sets train's,
             tests make all smaller).
         resume: a ``last.pt`` to continue from (same recipe).
+        classification: a key of :data:`models.losses.CLASSIFICATIONS` ("softmax": DETR's; "focal").
+        groups: Group DETR's query groups in training (1: none).
+        overrides: :class:`models.detr.DETRConfig` fields to change (e.g. ``num_queries``).
+        inputs: a key of :data:`models.detr_inputs.INPUT_FORMATS`.
+        sitting_steps: stop after this many steps of this call (``last.pt`` written; resume later).
+        recipe: the command recorded as the checkpoint's recipe (default: this process's
+            ``python -m models.train_detr`` arguments).
 
     Returns:
-        The metrics written to ``metrics.json``.
+        The metrics written to ``metrics.json``; after a sitting that stopped before ``steps``,
+        only ``{"step": ..., "steps": ...}`` (nothing but ``last.pt`` is written then).
     """
     torch.set_num_threads(threads)
     generator = seed_everything(seed)
+    form, input_format = CLASSIFICATIONS[classification], INPUT_FORMATS[inputs]
+    if {"classification", "num_groups"} & set(overrides or {}):
+        raise ValueError("set the classification and the query groups with --classification and --groups, not --set")
     sizes = {**SPLIT_SIZES, **(split_sizes or {})}
     splits = {split: load_split(split, data, sizes[split]) for split in ("train", "val", "test")}
-    x_train, y_train = to_inputs_and_targets(splits["train"])
+    train_set = input_format.prepare(splits["train"])
 
-    model = build(CONFIG)
+    model = build(CONFIG, **{**(overrides or {}), "classification": form.head, "num_groups": groups})
     pretrained = {}
     if pretrain_steps and resume is None:
         pretrained = pretrain_backbone(model.backbone, steps=pretrain_steps, seed=seed, quiet=quiet)
         if not quiet:
             print(f"backbone pretrained: val accuracy {pretrained['pretrain_val_accuracy']:.4f}", file=sys.stderr)
-    criterion = build_criterion(model.config.num_classes)
+    criterion = build_criterion(model.config.num_classes, classification=classification, num_groups=groups)
     backbone_ids = {id(p) for p in model.backbone.parameters()}
-    groups = [
+    parameter_groups = [
         {"params": [p for p in model.parameters() if id(p) not in backbone_ids], "lr": lr},
         {"params": list(model.backbone.parameters()), "lr": lr_backbone},
     ]
-    optimizer = torch.optim.AdamW(groups, lr=lr, weight_decay=weight_decay)
+    optimizer = torch.optim.AdamW(parameter_groups, lr=lr, weight_decay=weight_decay)
     backbone_drop = lr_drop if backbone_lr_drop else steps + 1  # never, within the run
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
@@ -229,12 +251,8 @@ def train(
             lambda s: learning_rate_factor(s, warmup_steps, backbone_drop),
         ],
     )
-    history: dict[str, list[tuple[float, float]]] = {
-        "train loss": [],
-        "val AP": [],
-        "val AP50": [],
-        "learning rate": [],
-    }
+    series = ["train loss", "val AP", "val AP50", *(f"val {k}" for k in QUALITY), "learning rate"]
+    history: dict[str, list[tuple[float, float]]] = {name: [] for name in series}
     step, elapsed, cpu_elapsed = 0, 0.0, 0.0
     if resume is not None:
         state = torch.load(resume, map_location="cpu", weights_only=False)
@@ -243,7 +261,8 @@ def train(
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
         generator.set_state(state["generator"])
-        step, history, elapsed, cpu_elapsed = state["step"], state["history"], state["seconds"], state["cpu_seconds"]
+        step, elapsed, cpu_elapsed = state["step"], state["seconds"], state["cpu_seconds"]
+        history = {**{name: [] for name in series}, **state["history"]}  # a last.pt from before a series existed
 
     def save_last() -> None:
         torch.save(
@@ -261,18 +280,25 @@ def train(
             out / "last.pt",
         )
 
+    def evaluate_val() -> dict[str, float]:
+        val = evaluate(model, splits["val"], input_format, form.postprocess)
+        history["val AP"].append((step, val["AP"]))
+        history["val AP50"].append((step, val["AP50"]))
+        for k in QUALITY:
+            history[f"val {k}"].append((step, val[k]))
+        return val
+
     out.mkdir(parents=True, exist_ok=True)
     started, cpu_started = time.perf_counter(), time.process_time()
+    stop = steps if sitting_steps is None else min(steps, step + sitting_steps)
     progress = tqdm(total=steps, initial=step, desc="detr-digits", disable=quiet, file=sys.stderr, mininterval=2.0)
-    order = torch.randperm(len(x_train), generator=generator)
-    cursor = 0
-    while step < steps:
-        if cursor + batch_size > len(order):
-            order, cursor = torch.randperm(len(x_train), generator=generator), 0
-        index = order[cursor : cursor + batch_size]
-        cursor += batch_size
+    batches: list[torch.Tensor] = []
+    while step < stop:
+        if not batches:
+            batches = epoch_batches(train_set.buckets, batch_size, generator)[::-1]  # popped from the end
+        images, mask, targets = input_format.batch(train_set, batches.pop())
         model.train()
-        losses = criterion(model(x_train[index]), [y_train[i] for i in index.tolist()])
+        losses = criterion(model(images, mask, targets), targets)  # targets: DN-DETR's noised queries, if any
         optimizer.zero_grad(set_to_none=True)
         losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_max_norm)
@@ -284,58 +310,88 @@ def train(
         progress.update(1)
         progress.set_postfix(loss=f"{losses['loss'].item():.3f}", refresh=False)
         if step % eval_every == 0 or step == steps:
-            val = evaluate(model, splits["val"])
-            history["val AP"].append((step, val["AP"]))
-            history["val AP50"].append((step, val["AP50"]))
+            val = evaluate_val()
             progress.write(
-                f"step {step}: val AP {val['AP']:.4f}, AP50 {val['AP50']:.4f}, load {os.getloadavg()[0]:.2f}"
+                f"step {step}: val AP {val['AP']:.4f}, AP50 {val['AP50']:.4f}, duplicates on "
+                f"{val['duplicate_canvas_fraction']:.1%} of canvases, precision {val['precision']:.4f}, "
+                f"recall {val['recall']:.4f}, load {os.getloadavg()[0]:.2f}"
             )
             save_last()
+        elif step == stop:
+            save_last()
     progress.close()
+    if step < steps:  # this sitting ends here; --resume out/last.pt continues
+        return {"step": step, "steps": steps}
     seconds = elapsed + time.perf_counter() - started
     cpu_seconds = cpu_elapsed + time.process_time() - cpu_started
 
-    test = evaluate(model, splits["test"])
-    val = evaluate(model, splits["val"])
+    test = evaluate(model, splits["test"], input_format, form.postprocess)
+    val = evaluate(model, splits["val"], input_format, form.postprocess)
     metrics = {
         **{f"test_{k}": v for k, v in test.items()},
         "val_AP": val["AP"],
         "val_AP50": val["AP50"],
+        **{f"val_{k}": val[k] for k in QUALITY},
         **{k: round(v, 4) for k, v in pretrained.items()},
         "train_seconds": round(seconds, 1),
         "train_cpu_seconds": round(cpu_seconds, 1),
         "torch_threads": threads,
+        "device": machine(),
         "steps": steps,
         "batch_size": batch_size,
         "train_images": len(splits["train"]),
         "test_images": len(splits["test"]),
         "test_objects": int(sum(len(c.labels) for c in splits["test"])),
         "seed": seed,
+        "classification": classification,
+        "groups": groups,
+        "inputs": inputs,
+        "config_overrides": dict(overrides or {}),
     }
-    save_checkpoint(model, out / "checkpoint.pt", metrics, sizes)
+    save_checkpoint(for_inference(model), out / "checkpoint.pt", metrics, sizes, input_format, form.postprocess, recipe)
     write_json(metrics, out / "metrics.json")
     plot_curves(
         history,
         out / "training_curves.png",
-        f"DETR digits: test AP {metrics['test_AP']:.3f}, AP50 {metrics['test_AP50']:.3f} ({steps} steps)",
+        f"DETR digits: test AP {metrics['test_AP']:.3f}, AP50 {metrics['test_AP50']:.3f}, duplicates on "
+        f"{metrics['test_duplicate_canvas_fraction']:.1%} of canvases ({steps} steps)",
     )
     return metrics
 
 
-def save_checkpoint(model: DETR, path: Path, metrics: dict[str, Any], sizes: dict[str, int]) -> None:
-    """The checkpoint export reads: architecture, config, weights, labels, preprocessing, provenance."""
+def save_checkpoint(
+    model: DETR,
+    path: Path,
+    metrics: dict[str, Any],
+    sizes: dict[str, int],
+    inputs: InputFormat | None = None,
+    postprocess: str = "softmax",
+    recipe: str | None = None,
+) -> None:
+    """The checkpoint export reads: architecture, config, weights, labels, preprocessing, provenance.
+
+    ``model`` is the inference model (:func:`models.detr.for_inference`: one query group).
+    ``postprocess`` says how the served post-processing must read ``pred_logits``:
+    ``"softmax"`` (over the classes and "no object", the last of ``labels``, which is dropped)
+    or ``"sigmoid"`` (one sigmoid per class, no "no object" output nor label; Deformable DETR's
+    top-k rule). ``pixel_mask`` says whether the graph takes one (then boxes are relative to the
+    unpadded image: :mod:`models.detr_inputs`).
+    """
+    inputs = inputs or INPUT_FORMATS["letterbox"]
     torch.save(
         {
             "architecture": "detr",
             "dataset": "digits-detection",
             "config": config_dict(model.config),
             "state_dict": model.state_dict(),
-            "labels": LABELS,
-            "preprocessing": PREPROCESSING,
+            "labels": SIGMOID_LABELS if postprocess == "sigmoid" else LABELS,
+            "postprocess": postprocess,
+            "pixel_mask": inputs.mask,
+            "preprocessing": inputs.preprocessing(),
             "metrics": metrics,
             "split_sizes": sizes,
             "training_data": TRAINING_DATA.format(**{k: f"{v:,}" for k, v in sizes.items()}),
-            "recipe": "python -m models.train_detr " + shlex.join(sys.argv[1:]),
+            "recipe": recipe or "python -m models.train_detr " + shlex.join(sys.argv[1:]),
             "torch_version": torch.__version__,
         },
         path,
@@ -353,11 +409,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--keep-backbone-lr", action="store_true", help="drop only the transformer's rate")
     parser.add_argument("--pretrain-steps", type=int, default=1000, help="backbone pretraining steps (0: none)")
     parser.add_argument("--eval-every", type=int, default=500)
+    parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--train-images", type=int, default=SPLIT_SIZES["train"], help="train canvases (generated)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--resume", type=Path, default=None, help="a last.pt to continue from")
+    parser.add_argument("--classification", choices=sorted(CLASSIFICATIONS), default="softmax")
+    parser.add_argument("--groups", type=int, default=1, help="Group DETR query groups in training")
+    parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="FIELD=VALUE", help="DETRConfig")
+    parser.add_argument("--inputs", choices=sorted(INPUT_FORMATS), default="letterbox")
+    parser.add_argument("--sitting-steps", type=int, default=None, help="stop after this many steps of this call")
     args = parser.parse_args(argv)
+    from models.detr import parse_overrides
+
     metrics = train(
         args.out,
         data=args.data,
@@ -368,14 +432,25 @@ def main(argv: list[str] | None = None) -> None:
         backbone_lr_drop=not args.keep_backbone_lr,
         pretrain_steps=args.pretrain_steps,
         eval_every=args.eval_every,
+        batch_size=args.batch_size,
         seed=args.seed,
         threads=args.threads,
         split_sizes={"train": args.train_images},
         resume=args.resume,
+        classification=args.classification,
+        groups=args.groups,
+        overrides=parse_overrides(args.overrides),
+        inputs=args.inputs,
+        sitting_steps=args.sitting_steps,
     )
+    if "test_AP" not in metrics:
+        print(f"stopped at step {metrics['step']} of {metrics['steps']}; continue with --resume {args.out / 'last.pt'}")
+        return
     print(
-        f"test AP {metrics['test_AP']:.4f}, AP50 {metrics['test_AP50']:.4f} "
-        f"({metrics['train_seconds']} s, {metrics['train_cpu_seconds']} CPU s); wrote {args.out}"
+        f"test AP {metrics['test_AP']:.4f}, AP50 {metrics['test_AP50']:.4f}, duplicates on "
+        f"{metrics['test_duplicate_canvas_fraction']:.1%} of canvases, precision {metrics['test_precision']:.4f}, "
+        f"recall {metrics['test_recall']:.4f} ({metrics['train_seconds']} s, {metrics['train_cpu_seconds']} CPU s); "
+        f"wrote {args.out}"
     )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import platform
 import random
 from pathlib import Path
 
@@ -56,3 +58,17 @@ def write_json(data: dict, path: Path) -> None:
     """Indented JSON, creating the folder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=2) + "\n")
+
+
+def machine() -> str:
+    """The CPU this runs on, in words: model name, cores this process may use, load."""
+    name = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                name = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{name}, {cores} cores available, load {os.getloadavg()[0]:.1f} at the end"

@@ -11,7 +11,11 @@ Differences from the original Transformer, as in DETR:
 
 ``normalize_before=False`` is the paper's post-norm layer; ``True`` the pre-norm variant
 (DETR's ``--pre_norm``), which then also normalises the encoder's output. Tensors are
-batch-first: (B, T, d).
+batch-first: (B, T, d). A padding mask (True on padded feature-map positions) keeps every
+attention from reading padded keys: the encoder's self-attention and the decoder's
+cross-attention (DETR's ``src_key_padding_mask`` and ``memory_key_padding_mask``). A query
+mask (True where query i may attend to query j) restricts the decoder's self-attention, as
+Group DETR does to keep its query groups apart in training (Chen et al. 2023, Sec. 3.2).
 """
 
 from __future__ import annotations
@@ -50,10 +54,24 @@ class Attention(nn.Module):
         B, T, _ = projected.shape
         return projected.reshape(B, T, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, T, head_dim)
 
-    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-        """Args: query (B, Tq, d), key and value (B, Tk, d). Returns (B, Tq, d)."""
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        attn_mask: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Args: query (B, Tq, d), key and value (B, Tk, d), key_padding_mask bool (B, Tk), True
+        on keys to ignore; attn_mask bool (Tq, Tk), True where a query may attend to a key (each
+        query keeps at least one key). Returns (B, Tq, d)."""
         q, k, v = self._heads(query, 0), self._heads(key, 1), self._heads(value, 2)
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0)
+        attend = None if key_padding_mask is None else ~key_padding_mask[:, None, None, :]  # (B, 1, 1, Tk)
+        if attn_mask is not None:
+            attend = attn_mask if attend is None else attend & attn_mask  # (Tq, Tk) or (B, 1, Tq, Tk)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attend, dropout_p=self.dropout if self.training else 0.0
+        )
         B, _, Tq, _ = out.shape
         return self.out_proj(out.transpose(1, 2).reshape(B, Tq, -1))  # (B, Tq, d)
 
@@ -78,13 +96,13 @@ class EncoderLayer(nn.Module):
     def _ffn(self, x: torch.Tensor) -> torch.Tensor:
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
 
-    def forward(self, src: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """Args: src and pos (B, HW, d). Returns (B, HW, d)."""
+    def forward(self, src: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Args: src and pos (B, HW, d), mask bool (B, HW) True on padding. Returns (B, HW, d)."""
         if self.normalize_before:
             x = self.norm1(src)
-            src = src + self.dropout(self.self_attn(_with_pos(x, pos), _with_pos(x, pos), x))
+            src = src + self.dropout(self.self_attn(_with_pos(x, pos), _with_pos(x, pos), x, mask))
             return src + self.dropout(self._ffn(self.norm2(src)))
-        src = self.norm1(src + self.dropout(self.self_attn(_with_pos(src, pos), _with_pos(src, pos), src)))
+        src = self.norm1(src + self.dropout(self.self_attn(_with_pos(src, pos), _with_pos(src, pos), src, mask)))
         return self.norm2(src + self.dropout(self._ffn(src)))
 
 
@@ -111,18 +129,29 @@ class DecoderLayer(nn.Module):
         return self.linear2(self.dropout(F.relu(self.linear1(x))))
 
     def forward(
-        self, tgt: torch.Tensor, memory: torch.Tensor, pos: torch.Tensor, query_pos: torch.Tensor
+        self,
+        tgt: torch.Tensor,
+        memory: torch.Tensor,
+        pos: torch.Tensor,
+        query_pos: torch.Tensor,
+        memory_mask: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Args: tgt and query_pos (B, N, d); memory and pos (B, HW, d). Returns (B, N, d)."""
+        """Args: tgt and query_pos (B, N, d); memory and pos (B, HW, d); memory_mask bool (B, HW)
+        True on padding; query_mask bool (N, N), True where query i may attend to query j (None:
+        all). Returns (B, N, d)."""
         if self.normalize_before:
             x = self.norm1(tgt)
-            tgt = tgt + self.dropout(self.self_attn(_with_pos(x, query_pos), _with_pos(x, query_pos), x))
+            # q and k as two sums, as before the query mask: one shared sum reorders the gradient's additions
+            q, k = _with_pos(x, query_pos), _with_pos(x, query_pos)
+            tgt = tgt + self.dropout(self.self_attn(q, k, x, attn_mask=query_mask))
             x = self.norm2(tgt)
-            tgt = tgt + self.dropout(self.multihead_attn(_with_pos(x, query_pos), _with_pos(memory, pos), memory))
+            attended = self.multihead_attn(_with_pos(x, query_pos), _with_pos(memory, pos), memory, memory_mask)
+            tgt = tgt + self.dropout(attended)
             return tgt + self.dropout(self._ffn(self.norm3(tgt)))
         q = k = _with_pos(tgt, query_pos)
-        tgt = self.norm1(tgt + self.dropout(self.self_attn(q, k, tgt)))
-        attended = self.multihead_attn(_with_pos(tgt, query_pos), _with_pos(memory, pos), memory)
+        tgt = self.norm1(tgt + self.dropout(self.self_attn(q, k, tgt, attn_mask=query_mask)))
+        attended = self.multihead_attn(_with_pos(tgt, query_pos), _with_pos(memory, pos), memory, memory_mask)
         tgt = self.norm2(tgt + self.dropout(attended))
         return self.norm3(tgt + self.dropout(self._ffn(tgt)))
 
@@ -160,13 +189,25 @@ class Transformer(nn.Module):
             if parameter.dim() > 1:
                 nn.init.xavier_uniform_(parameter)
 
-    def forward(self, src: torch.Tensor, query_embed: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        src: torch.Tensor,
+        query_embed: torch.Tensor,
+        pos: torch.Tensor,
+        mask: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
+        tgt: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Encode the image, decode the queries.
 
         Args:
             src: projected backbone features (B, d, H, W).
-            query_embed: the learned object queries (N, d).
+            query_embed: the object queries' positions, (N, d) shared by the batch or (B, N, d).
             pos: the position encoding of ``src`` (B, d, H, W).
+            mask: bool (B, H, W), True on padded positions of ``src``; None: none padded.
+            query_mask: bool (N, N), True where query i may attend to query j in the decoder's
+                self-attention; None: every query sees every other.
+            tgt: the queries' initial content (B, N, d); None: zeros, as DETR's.
 
         Returns:
             Every decoder layer's output after the final LayerNorm, (L, B, N, d); the last
@@ -175,15 +216,16 @@ class Transformer(nn.Module):
         B = src.shape[0]
         memory = src.flatten(2).transpose(1, 2)  # (B, HW, d)
         pos = pos.flatten(2).transpose(1, 2)  # (B, HW, d)
+        padding = None if mask is None else mask.flatten(1)  # (B, HW)
         for layer in self.encoder_layers:
-            memory = layer(memory, pos)
+            memory = layer(memory, pos, padding)
         if self.encoder_norm is not None:
             memory = self.encoder_norm(memory)
 
-        query_pos = query_embed.unsqueeze(0).expand(B, -1, -1)  # (B, N, d)
-        tgt = torch.zeros_like(query_pos)
+        query_pos = query_embed if query_embed.dim() == 3 else query_embed.unsqueeze(0).expand(B, -1, -1)  # (B, N, d)
+        tgt = torch.zeros_like(query_pos) if tgt is None else tgt
         intermediate = []
         for layer in self.decoder_layers:
-            tgt = layer(tgt, memory, pos, query_pos)
+            tgt = layer(tgt, memory, pos, query_pos, padding, query_mask)
             intermediate.append(self.decoder_norm(tgt))
         return torch.stack(intermediate)  # (L, B, N, d)

@@ -9,6 +9,12 @@ Pre-norm, as in the paper's Eqs. 1-4::
 
 followed by a linear head on the class token. The MLP is Linear -> GELU -> Linear with
 expansion ``mlp_ratio`` (4 in the paper). A block has 12 d^2 + 13 d parameters at ratio 4.
+
+With ``distillation`` the model is DeiT's (Touvron et al., "Training data-efficient image
+transformers & distillation through attention", ICML 2021, Sec. 5): a distillation token
+follows the class token, ``[x_class; x_distil; patches] + E_pos``, and has its own linear
+head, trained on the teacher's predictions; at inference the two heads' logits are averaged
+(Sec. 5.2, "joint classifiers"), as transformers' ``DeiTForImageClassificationWithTeacher``.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class ViTConfig:
             3x3 stride-2 convolutions with BatchNorm and ReLU, then a 1x1 convolution to
             ``hidden_size``. Token i still covers patch i of the grid.
         stem_channels: channels of the conv stem's first convolution (doubled at each next one).
+        distillation: DeiT's distillation token and head (Touvron et al. 2021, Sec. 5).
     """
 
     image_size: int = 224
@@ -61,6 +68,12 @@ class ViTConfig:
     init: Literal["timm", "torch"] = "timm"
     stem: Literal["patch", "conv"] = "patch"
     stem_channels: int = 32
+    distillation: bool = False
+
+    @property
+    def prefix_tokens(self) -> int:
+        """Tokens before the patch grid: the class token, and DeiT's distillation token."""
+        return 1 + self.distillation
 
     @property
     def num_patches(self) -> int:
@@ -182,7 +195,11 @@ class ViT(nn.Module):
 
     ``forward(images)`` takes float32 (B, C, H, W) with H = W = ``image_size`` and returns
     logits (B, num_classes). ``forward(images, return_attention=True)`` also returns every
-    block's attention weights stacked, (B, depth, heads, N + 1, N + 1), token 0 the class token.
+    block's attention weights stacked, (B, depth, heads, T, T) with T = P + N tokens: the
+    P = ``config.prefix_tokens`` prefix tokens (token 0 the class token, token 1 DeiT's
+    distillation token) before the N patch tokens. With ``distillation``, ``forward`` returns
+    the mean of the two heads' logits, and ``forward(images, heads=True)`` both of them,
+    ``(class_logits, distillation_logits)``, for training.
     """
 
     def __init__(self, config: ViTConfig) -> None:
@@ -194,17 +211,20 @@ class ViT(nn.Module):
         else:
             self.patch_embed = nn.Conv2d(config.in_channels, d, kernel_size=config.patch_size, stride=config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
-        self.pos_embed = nn.Parameter(torch.zeros(1, config.num_patches + 1, d)) if config.position_embedding else None
+        self.dist_token = nn.Parameter(torch.zeros(1, 1, d)) if config.distillation else None
+        tokens = config.num_patches + config.prefix_tokens
+        self.pos_embed = nn.Parameter(torch.zeros(1, tokens, d)) if config.position_embedding else None
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(
             Block(d, config.num_heads, config.mlp_ratio, config.dropout) for _ in range(config.depth)
         )
         self.norm = nn.LayerNorm(d, eps=1e-6)
         self.head = nn.Linear(d, config.num_classes)
+        self.head_dist = nn.Linear(d, config.num_classes) if config.distillation else None
         self._init_weights()
 
     def _init_weights(self) -> None:
-        tokens = [self.cls_token] + ([self.pos_embed] if self.pos_embed is not None else [])
+        tokens = [t for t in (self.cls_token, self.dist_token, self.pos_embed) if t is not None]
         if self.config.init == "torch":  # layers keep PyTorch's defaults
             for parameter in tokens:
                 nn.init.normal_(parameter, std=1.0)
@@ -217,18 +237,22 @@ class ViT(nn.Module):
                 nn.init.zeros_(module.bias)
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
-        """Eq. (1): images (B, C, H, W) -> tokens (B, N + 1, d)."""
+        """Eq. (1): images (B, C, H, W) -> tokens (B, P + N, d), the P prefix tokens first."""
         patches = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, d)
-        tokens = torch.cat([self.cls_token.expand(patches.shape[0], -1, -1), patches], dim=1)  # (B, N + 1, d)
+        batch = patches.shape[0]
+        prefix = [self.cls_token.expand(batch, -1, -1)]
+        if self.dist_token is not None:
+            prefix.append(self.dist_token.expand(batch, -1, -1))
+        tokens = torch.cat([*prefix, patches], dim=1)  # (B, P + N, d)
         if self.pos_embed is not None:
             tokens = tokens + self.pos_embed
         return self.dropout(tokens)
 
-    def pooled(self, images: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, list]:
-        """The head's input: the class token after the final LayerNorm, (B, d) float32 (Eq. 4's y).
+    def features(self, images: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, list]:
+        """Every token after the final LayerNorm, (B, P + N, d) float32.
 
         Returns:
-            ``(pooled, attentions)``: attentions is every block's (B, heads, N + 1, N + 1)
+            ``(tokens, attentions)``: attentions is every block's (B, heads, P + N, P + N)
             weights when ``return_attention``, else a list of None.
         """
         x = self.embed(images)
@@ -236,15 +260,39 @@ class ViT(nn.Module):
         for block in self.blocks:
             x, weights = block(x, return_attention)
             attentions.append(weights)
-        return self.norm(x)[:, 0], attentions  # (B, d)
+        return self.norm(x), attentions
+
+    def pool(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The image's representation from :meth:`features`' tokens, (B, d): the class token
+        (Eq. 4's y); with distillation, the mean of the class and distillation tokens, the
+        representation whose two heads' mean is the DeiT classifier."""
+        if self.dist_token is None:
+            return tokens[:, 0]
+        return (tokens[:, 0] + tokens[:, 1]) / 2
+
+    def pooled(self, images: torch.Tensor, return_attention: bool = False) -> tuple[torch.Tensor, list]:
+        """:meth:`pool` of :meth:`features`: ``(pooled (B, d), attentions)``."""
+        tokens, attentions = self.features(images, return_attention)
+        return self.pool(tokens), attentions
+
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """The classifier on :meth:`features`' tokens, (B, num_classes): the head on the class
+        token (Eq. 4); with distillation, the mean of the class and distillation heads."""
+        if self.head_dist is None:
+            return self.head(tokens[:, 0])
+        return (self.head(tokens[:, 0]) + self.head_dist(tokens[:, 1])) / 2
 
     def forward(
-        self, images: torch.Tensor, return_attention: bool = False
+        self, images: torch.Tensor, return_attention: bool = False, heads: bool = False
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        pooled, attentions = self.pooled(images, return_attention)
-        logits = self.head(pooled)  # Eq. (4) on the class token -> (B, num_classes)
+        tokens, attentions = self.features(images, return_attention)
+        if heads:
+            if self.head_dist is None:
+                raise ValueError("heads=True needs a ViT with a distillation token (distillation=True)")
+            return self.head(tokens[:, 0]), self.head_dist(tokens[:, 1])
+        logits = self.logits(tokens)  # (B, num_classes)
         if return_attention:
-            return logits, torch.stack(attentions, dim=1)  # (B, depth, heads, N + 1, N + 1)
+            return logits, torch.stack(attentions, dim=1)  # (B, depth, heads, P + N, P + N)
         return logits
 
 

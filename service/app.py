@@ -14,43 +14,49 @@ import os
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 from fastapi import FastAPI
 
 from service.admission import EXEMPT_PATHS, AdmissionMiddleware
 from service.api import docs
-from service.api.routes import health, inference, metrics, models, playground, v2
+from service.api.routes import health, inference, metrics, models, playground, repository, v2
 from service.auth import add_security_middleware
 from service.batching import BatchingConfig
+from service.control_signal import FILE_NAME, ControlSignal, follow
 from service.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.errors import RepositoryError, install_handlers
 from service.inference import DecodeLimits
+from service.loading import Loader
 from service.logs import AccessLogMiddleware
 from service.manifest import ManifestError, load_manifest
-from service.metrics import AUTOTUNE_THROUGHPUT, MODEL_INFO, MODEL_SETTING
 from service.middleware import RequestIdMiddleware
+from service.model_control import ModelControl
 from service.pixel_budget import PixelBudget
 from service.prescan import PrescanLimits
-from service.repository import ModelRepository, ModelVersion, discover, load_repository
+from service.repository import ModelRepository, ModelVersion, discover
+from service.repository_watch import poll_forever
 from service.runtime import CUDA, CudaOptions, requested_providers
 from service.settings import Settings, load_settings
 from service.state import ServerState
 from service.tracing import Tracer, TracingMiddleware, from_environment, install
 from service.tuning import TuneCache, Tuner, default_cache_dir
+from service.version_policy import ConfigError, read_config
 
 log = logging.getLogger(__name__)
 
 
 def validate_repository(settings: Settings) -> None:
-    """Check the repository layout and every manifest, without loading any graph.
+    """Check the repository layout, every manifest and every model's config.json, without loading any graph.
 
     Raises:
         RepositoryError: the first problem found, naming the file and field.
     """
-    for _, _, folder in discover(settings.model_repository):
+    for name, _, folder in discover(settings.model_repository):
         try:
             load_manifest(folder / "model.json")
-        except ManifestError as exc:
+            read_config(settings.model_repository / name)
+        except (ManifestError, ConfigError) as exc:
             raise RepositoryError(str(exc)) from None
 
 
@@ -78,6 +84,7 @@ def tuner(settings: Settings) -> Tuner | None:
         TuneCache(settings.tune_cache or default_cache_dir()),
         point_seconds=settings.tune_point_seconds,
         budget_seconds=settings.tune_seconds,
+        rounds=settings.tune_rounds,
         max_batch_size=settings.tune_max_batch_size,
         max_instances=settings.tune_max_instances,
         ort_version=onnxruntime.__version__,
@@ -85,21 +92,9 @@ def tuner(settings: Settings) -> Tuner | None:
     )
 
 
-def _load_and_warm_up(state: ServerState) -> None:
-    """Blocking: tune, create every session and run each once per batch size. Sets ``state``."""
-    settings = state.settings
-    tuning = tuner(settings)
-    with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
-        repository = _load(settings, state, tuning)
-    for model in repository.all():
-        if model.runner.providers.ok:
-            model.warm_up()
-    state.repository = repository
-
-
-def _load(settings: Settings, state: ServerState, tuning: Tuner | None) -> ModelRepository:
-    return load_repository(
-        settings.model_repository,
+def loader(settings: Settings, threads: ThreadPlan | None, tuning: Tuner | None) -> Loader:
+    """What every model version is loaded with, from ``settings``."""
+    return Loader(
         device=settings.device,
         batching=BatchingConfig(
             settings.max_batch_size, settings.max_queue_delay, settings.queue_size, settings.request_timeout
@@ -107,37 +102,44 @@ def _load(settings: Settings, state: ServerState, tuning: Tuner | None) -> Model
         inter_op_threads=settings.inter_op_threads,
         io_binding=settings.io_binding,
         cuda=CudaOptions(settings.cuda_device_id, settings.cudnn_conv_algo_search, settings.cuda_mem_limit),
-        threads=state.threads,
+        threads=threads,
         tuner=tuning,
         batch_size_fixed="max_batch_size" in settings.model_fields_set,
     )
 
 
-def _export_choices(model: ModelVersion) -> None:
-    """The chosen values and the tuner's curve as gauges."""
-    labels = (model.name, str(model.version))
-    MODEL_SETTING.labels(*labels, "instances").set(model.batcher.instances)
-    MODEL_SETTING.labels(*labels, "max_batch_size").set(model.batcher.config.max_batch_size)
-    if model.threads is not None:
-        MODEL_SETTING.labels(*labels, "intra_op_threads").set(model.threads.intra_op_threads)
-        MODEL_SETTING.labels(*labels, "spinning").set(int(model.threads.spinning))
-    if model.tuning is not None:
-        for point in model.tuning.points:
-            AUTOTUNE_THROUGHPUT.labels(*labels, str(point.instances), str(point.batch_size)).set(point.images_per_s)
+def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
+    """Blocking: tune, create every session the version policies select and run each once per batch size."""
+    tuning = control.loader.tuner
+    with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
+        models = [control.loader.load(name, version, folder) for name, version, folder in control.startup_versions()]
+    for model in models:
+        if model.runner.providers.ok:
+            model.warm_up()
+    return models
 
 
 async def _start_models(state: ServerState) -> None:
+    control = state.control
     try:
-        await asyncio.get_running_loop().run_in_executor(None, _load_and_warm_up, state)
+        models = await asyncio.get_running_loop().run_in_executor(None, _load_and_warm_up, control)
     except Exception as exc:  # a graph that will not load: stay alive, not ready, and say why
         log.exception("loading the models failed")
         state.startup_error = f"loading the models failed: {exc}"
         return
-    for model in state.repository.all():
+    for model in models:
         await model.batcher.start()
-        MODEL_INFO.labels(model.name, str(model.version), model.manifest.task, model.runner.providers.primary).set(1)
-        _export_choices(model)
+        control.adopt(model)
+    state.repository = control.repository
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
+
+
+def control_signal(settings: Settings) -> ControlSignal | None:
+    """With several workers, the file they share the load API's changes through (None: one worker)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if settings.workers == 1 or not folder:
+        return None
+    return ControlSignal(Path(folder) / FILE_NAME)
 
 
 def decode_limits(settings: Settings) -> DecodeLimits:
@@ -179,15 +181,33 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         pixel_budget=PixelBudget(settings.max_decoding_pixels),
     )
     log.info("threads: %s", threads.reason)
+    state.control = ModelControl(
+        settings.model_repository,
+        loader(settings, threads, tuner(settings)),
+        ModelRepository(settings.model_repository),
+        drain_timeout=settings.request_timeout + settings.body_timeout,
+        signal=control_signal(settings),
+    )
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if tracer is not None:
             install(tracer)
-        loader = asyncio.create_task(_start_models(state))
+        loading = asyncio.create_task(_start_models(state))
+        watchers = []
+        if settings.repository_poll_seconds > 0:
+            watchers.append(asyncio.create_task(poll_forever(state, loading, settings.repository_poll_seconds)))
+        if state.control.signal is not None:
+            watchers.append(asyncio.create_task(follow(state, loading, state.control.signal)))
         yield
         state.draining = True
-        await loader
+        await loading
+        for watcher in watchers:
+            watcher.cancel()
+        if watchers:
+            await asyncio.wait(watchers)
+        with contextlib.suppress(TimeoutError):  # versions retiring finish their requests, which have ended
+            await asyncio.wait_for(state.control.until_retired(), settings.graceful_shutdown_timeout)
         if state.repository is not None:
             for model in state.repository.all():
                 await model.batcher.stop()
@@ -212,6 +232,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     app.include_router(models.router)
     app.include_router(inference.build_router())  # one route per registered task
     app.include_router(metrics.router)
+    app.include_router(repository.router)  # before v2's catch-all
     app.include_router(v2.router)
     if settings.playground:
         app.include_router(playground.router)

@@ -3,12 +3,15 @@
 Attention rollout (Abnar & Zuidema, "Quantifying Attention Flow in Transformers", ACL 2020,
 Section 3): each block's attention, averaged over heads, is mixed with the identity for the
 residual connection, ``A~ = 0.5 A + 0.5 I``, its rows renormalised, and the blocks'
-matrices multiplied from the first to the last, ``R = A~_L ... A~_1``. Row 0 of ``R`` (the
-class token) says how much of the class token's final representation flows from each
-input patch.
+matrices multiplied from the first to the last, ``R = A~_L ... A~_1``. The class token's row
+of ``R`` says how much of its final representation flows from each input patch. Tokens other
+than patches before the grid (DeiT's distillation token, DINOv2's registers) are the
+manifest's ``attention.prefix_tokens``; their columns are left out of the picture.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
@@ -35,50 +38,67 @@ COLORMAP = np.stack(
 ).astype(np.uint8)  # (256, 3) uint8 RGB
 
 
-def rollout(attentions: np.ndarray, residual: float = 0.5) -> np.ndarray:
+def rollout(attentions: np.ndarray, residual: float = 0.5, *, query: int = 0, prefix: int = 1) -> np.ndarray:
     """Attention rollout of one image (Abnar & Zuidema 2020), heads fused by their mean.
 
     Args:
-        attentions: float (depth, heads, T, T), each row a softmax over keys; token 0 is the
-            class token.
+        attentions: float (depth, heads, T, T), each row a softmax over keys; the first
+            ``prefix`` tokens precede the patch tokens.
         residual: weight of the identity for the residual connection (the paper's 0.5).
+        query: the token whose rolled-out attention is read (the class token, 0 in a ViT).
+        prefix: how many tokens precede the patch grid (1: a class token; 2: DeiT's class and
+            distillation tokens; 1 + registers: DINOv2 with registers). Their columns are
+            dropped: the flow into register or distillation tokens is not a place in the image.
 
     Returns:
-        float64 (T - 1,): the class token's rolled-out attention to each patch token, in
+        float64 (T - prefix,): the query token's rolled-out attention to each patch token, in
         token order (row-major over the patch grid); non-negative.
 
     Raises:
-        ValueError: ``attentions`` is not (depth, heads, T, T).
+        ValueError: ``attentions`` is not (depth, heads, T, T), or ``query``/``prefix`` do not fit T.
     """
     if attentions.ndim != 4 or attentions.shape[-1] != attentions.shape[-2]:
         raise ValueError(f"expected attentions (depth, heads, T, T), got {attentions.shape}")
+    tokens = attentions.shape[-1]
+    if not 0 <= query < prefix < tokens:
+        raise ValueError(f"query token {query} and {prefix} prefix tokens do not fit {tokens} tokens")
     fused = attentions.astype(np.float64).mean(axis=1)  # (depth, T, T)
-    tokens = fused.shape[-1]
     mixed = (1 - residual) * fused + residual * np.eye(tokens)  # (depth, T, T)
     mixed /= mixed.sum(axis=-1, keepdims=True)
     flow = np.eye(tokens)
     for layer in mixed:  # R = A~_L ... A~_1
         flow = layer @ flow
-    return flow[0, 1:]
+    return flow[query, prefix:]
 
 
-def rollout_grid(attentions: np.ndarray, grid: tuple[int, int]) -> np.ndarray:
-    """:func:`rollout` laid out on the patch grid.
+def rollout_grid(
+    attentions: np.ndarray, grid: tuple[int, int], prefix_tokens: Sequence[str] = ("class",)
+) -> np.ndarray:
+    """:func:`rollout` of the class token laid out on the patch grid.
 
     Args:
-        attentions: float (depth, heads, T, T) with T = 1 + rows * cols.
+        attentions: float (depth, heads, T, T) with T = len(prefix_tokens) + rows * cols.
         grid: (rows, cols) of patches over the model input.
+        prefix_tokens: the kinds of the tokens before the grid, in order (the manifest's
+            ``attention.prefix_tokens``: "class", "distillation", "register"); the class
+            token's row is rolled out.
 
     Returns:
         float64 (rows, cols).
 
     Raises:
-        ValueError: T does not match the grid.
+        ValueError: T does not match the grid and prefix, or there is no class token.
     """
     rows, cols = grid
-    if attentions.shape[-1] != 1 + rows * cols:
-        raise ValueError(f"{attentions.shape[-1]} tokens do not fit a {rows}x{cols} patch grid plus a class token")
-    return rollout(attentions).reshape(rows, cols)
+    prefix = len(prefix_tokens)
+    if "class" not in prefix_tokens:
+        raise ValueError(f"prefix tokens {list(prefix_tokens)} have no class token to roll out")
+    if attentions.shape[-1] != prefix + rows * cols:
+        raise ValueError(
+            f"{attentions.shape[-1]} tokens do not fit a {rows}x{cols} patch grid plus {prefix} prefix token(s) "
+            f"{list(prefix_tokens)}"
+        )
+    return rollout(attentions, query=list(prefix_tokens).index("class"), prefix=prefix).reshape(rows, cols)
 
 
 def heatmap_image(
@@ -137,6 +157,7 @@ def render_png(
     preprocessor: Preprocessor,
     *,
     caption: str,
+    prefix_tokens: Sequence[str] = ("class",),
 ) -> bytes:
     """The attention-rollout picture of one image, as PNG of its displayed size.
 
@@ -150,11 +171,42 @@ def render_png(
         grid: (rows, cols) of the patch grid (the manifest's ``attention.grid``).
         preprocessor: the model's preprocessing (which region of the image the input covers).
         caption: text for the top-left corner, e.g. "cat 0.93".
+        prefix_tokens: the tokens before the patch grid (the manifest's ``attention.prefix_tokens``).
 
     Returns:
         PNG bytes of an RGB picture of ``size``.
     """
+    return render_heat_png(image, size, rollout_grid(attentions, grid, prefix_tokens), preprocessor, caption=caption)
+
+
+def class_map(scores: np.ndarray, grid: tuple[int, int], class_id: int) -> np.ndarray:
+    """One class's activation map (Zhou et al. 2016, CVPR, Sec. 2) from per-token class scores.
+
+    Args:
+        scores: float (N, num_labels), the head applied to each final token (the manifest's
+            ``class_maps`` output for one image); their mean over N is the image's logits.
+        grid: (rows, cols) of the final tokens, rows * cols = N, row-major.
+        class_id: the class to map (the top prediction).
+
+    Returns:
+        float64 (rows, cols): the class's score at each token.
+
+    Raises:
+        ValueError: ``scores`` does not fit the grid or has no column ``class_id``.
+    """
+    rows, cols = grid
+    if scores.ndim != 2 or scores.shape[0] != rows * cols or not 0 <= class_id < scores.shape[1]:
+        raise ValueError(f"class scores {scores.shape} do not fit a {rows}x{cols} grid and class {class_id}")
+    return scores[:, class_id].astype(np.float64).reshape(rows, cols)
+
+
+def render_heat_png(
+    image: Image.Image, size: tuple[int, int], heat: np.ndarray, preprocessor: Preprocessor, *, caption: str
+) -> bytes:
+    """``heat`` (rows, cols) over the region of the displayed image the model saw, as PNG of ``size`` (blocking).
+
+    See :func:`render_png` for ``image``, ``size``, ``preprocessor`` and ``caption``.
+    """
     canvas = displayed_canvas(image, size)
     region = preprocessor.input_region(*size)
-    heat = rollout_grid(attentions, grid)
     return png_bytes(heatmap_image(canvas, heat, region, caption=caption))

@@ -233,6 +233,11 @@ class Batcher:
         for executor in self._executors:  # a run in progress ends on its own
             await asyncio.to_thread(executor.shutdown, wait=True)
 
+    def release(self) -> None:
+        """After :meth:`stop`: drop the runners and the batch buffers, so their memory can be freed."""
+        assert not self.running, "release a stopped batcher only"
+        self._runners, self._buffers = [], []
+
     async def submit(self, x: np.ndarray, *, deadline: float | None = None) -> InferenceResult:
         """Queue one input and wait for its row of the batch's outputs.
 

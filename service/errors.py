@@ -64,6 +64,10 @@ class Unauthorized(ProblemError):
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
 
 
+class Forbidden(ProblemError):
+    status, title, slug, outcome = 403, "Forbidden", "forbidden", "client_error"
+
+
 class ModelNotFound(ProblemError):
     status, title, slug, outcome = 404, "Model not found", "model-not-found", "client_error"
 

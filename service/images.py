@@ -298,6 +298,10 @@ def decode_image(
     which libheif applies while decoding (the HEIF spec makes its EXIF orientation informative
     only; pillow-heif resets that to 1), and Pillow 12+ turns a TIFF upright while loading.
 
+    :func:`open_image` then :meth:`OpenedImage.decode`: the request path runs the two apart,
+    reserving the pixels the header declares in between, so each file is pre-scanned and its
+    header parsed once.
+
     Args:
         data: the file's bytes.
         color_mode: Pillow mode the model wants, "L" or "RGB".
@@ -321,9 +325,8 @@ def decode_image(
         PayloadTooLarge: more than ``max_pixels`` pixels, decompression bombs included, or
             a structure or metadata bomb the pre-scan refuses (413).
     """
-    decoded = _decode(data, color_mode, max_pixels, draft_size, background, limits or PrescanLimits(), probe=False)
-    assert isinstance(decoded, DecodedImage)
-    return decoded
+    opened = open_image(data, color_mode=color_mode, max_pixels=max_pixels, draft_size=draft_size, limits=limits)
+    return opened.decode(background)
 
 
 def decoded_pixels(
@@ -334,40 +337,101 @@ def decoded_pixels(
     draft_size: tuple[int, int] | None = None,
     limits: PrescanLimits | None = None,
 ) -> int:
-    """How many pixels :func:`decode_image` will decode ``data`` to, read from its header alone.
+    """How many pixels :func:`decode_image` will decode ``data`` to: :func:`open_image`'s ``pixels``.
 
-    The pre-scan and Pillow's header parse, no pixel decoded: what the worker's decoding budget
-    reserves before it decodes. A baseline JPEG counts its DCT-downscaled (draft) size; a
-    progressive one its full size, since libjpeg holds every coefficient of the whole image.
+    Raises:
+        BadRequest, InvalidImage, PayloadTooLarge: as :func:`open_image`.
+    """
+    return open_image(data, color_mode=color_mode, max_pixels=max_pixels, draft_size=draft_size, limits=limits).pixels
+
+
+@dataclass
+class OpenedImage:
+    """A file whose pre-scan passed and whose header Pillow has parsed; no pixel decoded yet.
+
+    Attributes:
+        pixels: width x height that decoding will hold, read from the header: a baseline
+            JPEG counts its DCT-downscaled (draft) size; a progressive one, and a WebP, their
+            full size (libjpeg holds every coefficient of a progressive image, libwebp its
+            full-size plane even when it scales).
+        width, height: the displayed full-resolution size (EXIF orientation applied), pixels;
+            for a PNG whose EXIF follows its pixels, the stored size until decoded (the
+            :class:`DecodedImage` has the displayed one).
+        format: Pillow's format name.
+    """
+
+    pixels: int
+    width: int
+    height: int
+    format: str
+    _data: bytes
+    _image: Image.Image | None  # None once decoded: the loaded full-size pixels are not kept here
+    _name: str
+    _orientation: int | None  # None: a PNG whose EXIF (if any) follows its pixels, read once loaded
+    _color_mode: str
+    _max_pixels: int
+    _draft_size: tuple[int, int] | None
+    _limits: PrescanLimits
+
+    def decode(self, background: tuple[int, int, int] = (255, 255, 255)) -> DecodedImage:
+        """Decode the pixels, as :func:`decode_image` (once: the header's file is consumed).
+
+        Raises:
+            InvalidImage, PayloadTooLarge: as :func:`decode_image`, for what decoding finds.
+        """
+        image, orientation, (width, height) = self._image, self._orientation, (self.width, self.height)
+        if image is None:
+            raise RuntimeError("this OpenedImage was decoded already")
+        self._image = None
+        with _FileFaults(self._data, self._name, self._max_pixels, self._limits):
+            transposed = orientation in _TRANSPOSED_ORIENTATIONS  # None (a PNG): no draft, no scaling
+            scaled = None
+            if self._draft_size is not None and self.format == "WEBP" and getattr(image, "n_frames", 1) == 1:
+                stored_target = (self._draft_size[1], self._draft_size[0]) if transposed else self._draft_size
+                scaled = _webp_scaled(self._data, image.size, stored_target, alpha=image.mode == "RGBA")
+            if scaled is not None:
+                image = scaled
+            else:
+                image.load()
+                if image.size[0] * image.size[1] > self._max_pixels:  # a plugin that learnt its size while loading
+                    _check_pixels(*image.size, self._max_pixels)
+                if orientation is None:  # now loaded, Pillow has the chunks after the pixels too
+                    orientation = _orientation(image)
+                    if orientation in _TRANSPOSED_ORIENTATIONS:
+                        width, height = height, width
+                elif orientation != 1 and _orientation(image) == 1:
+                    # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
+                    # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
+                    orientation, (width, height) = 1, image.size
+            image = _to_mode(image, self._color_mode, background)
+            if orientation in _DISPLAY_TRANSPOSE:
+                image = image.transpose(_DISPLAY_TRANSPOSE[orientation])
+        return DecodedImage(image=image, width=width, height=height, format=self.format, size=image.size)
+
+
+def open_image(
+    data: bytes,
+    *,
+    color_mode: str,
+    max_pixels: int,
+    draft_size: tuple[int, int] | None = None,
+    limits: PrescanLimits | None = None,
+) -> OpenedImage:
+    """Pre-scan ``data`` and parse its header: what decoding it will cost, before any pixel is decoded.
 
     Args:
         data, color_mode, max_pixels, draft_size, limits: as :func:`decode_image`.
 
     Returns:
-        width x height, in pixels.
+        The opened file; :meth:`OpenedImage.decode` decodes it.
 
     Raises:
         BadRequest, InvalidImage, PayloadTooLarge: as :func:`decode_image`, for what the header
             and pre-scan show.
     """
-    pixels = _decode(data, color_mode, max_pixels, draft_size, (0, 0, 0), limits or PrescanLimits(), probe=True)
-    assert isinstance(pixels, int)
-    return pixels
-
-
-def _decode(
-    data: bytes,
-    color_mode: str,
-    max_pixels: int,
-    draft_size: tuple[int, int] | None,
-    background: tuple[int, int, int],
-    limits: PrescanLimits,
-    *,
-    probe: bool,
-) -> DecodedImage | int:
-    """:func:`decode_image` (``probe`` False) and :func:`decoded_pixels` (True), with one error mapping."""
     if not data:
         raise BadRequest("the image is empty (0 bytes)")
+    limits = limits or PrescanLimits()
     prescan(data, limits)  # before Pillow parses a byte of it
     # Pillow's PNG plugin refuses an ICC profile or text chunk inflating past MAX_TEXT_CHUNK
     # (1 MiB by default, so a valid 2 MB profile was "corrupt"): ours is the metadata limit.
@@ -375,66 +439,81 @@ def _decode(
     # The backstop for Pillow's nested checks (see the top of this module): it raises above
     # 2 * MAX_IMAGE_PIXELS >= max_pixels. A process serves one limit, so this never flips.
     Image.MAX_IMAGE_PIXELS = (max_pixels + 1) // 2
-    name = sniff_format(data) or "image"  # for messages; Pillow's id once it has opened the file
-    fmt = "unknown"
-    try:
+    faults = _FileFaults(data, sniff_format(data) or "image", max_pixels, limits)  # names the format in messages
+    with faults:
         image = Image.open(io.BytesIO(data), formats=ACCEPTED_FORMATS)
-        fmt = image.format or fmt
-        name = _NAMES.get(fmt, fmt)
+        fmt = image.format or "unknown"
+        faults.name = _NAMES.get(fmt, fmt)
         stored_w, stored_h = image.size
         _check_pixels(stored_w, stored_h, max_pixels)
-        orientation = _orientation(image)
+        # Pillow finds a PNG's eXIf chunk after the pixels by decoding them all (getexif loads):
+        # the header's count must not cost a decode, so such a PNG's orientation waits for
+        # decode() (a PNG has no draft size, and its pixel count is the same either way).
+        orientation = None if fmt == "PNG" and "exif" not in image.info else _orientation(image)
         transposed = orientation in _TRANSPOSED_ORIENTATIONS
         width, height = (stored_h, stored_w) if transposed else (stored_w, stored_h)
         if draft_size is not None and fmt in ("JPEG", "MPO"):
             stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
             image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
-        if probe:
-            # A progressive JPEG holds every coefficient of the whole image; a WebP, libwebp's
-            # full-size plane even when it is scaled: both count in full.
-            full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and bool(image.info.get("progressive")))
-            return stored_w * stored_h if full else image.size[0] * image.size[1]
-        scaled = None
-        if draft_size is not None and fmt == "WEBP" and getattr(image, "n_frames", 1) == 1:
-            stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
-            scaled = _webp_scaled(data, image.size, stored_target, alpha=image.mode == "RGBA")
-        if scaled is not None:
-            image = scaled
-        else:
-            image.load()
-            if image.size[0] * image.size[1] > max_pixels:  # a plugin that learnt its size while loading
-                _check_pixels(*image.size, max_pixels)
-            if orientation != 1 and _orientation(image) == 1:
-                # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
-                # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
-                orientation, (width, height) = 1, image.size
-        image = _to_mode(image, color_mode, background)
-        if orientation in _DISPLAY_TRANSPOSE:
-            image = image.transpose(_DISPLAY_TRANSPOSE[orientation])
-    except (BadRequest, InvalidImage, PayloadTooLarge):
-        raise
-    except Image.DecompressionBombError as exc:
-        found = re.search(r"\((\d+) pixels\)", str(exc))
-        pixels = f"{found.group(1)} pixels" if found else "more pixels than that"
-        raise PayloadTooLarge(
-            f"the {name} image declares {pixels}; the limit is {max_pixels} (a decompression bomb?)"
-        ) from None
-    except ValueError as exc:
-        if not str(exc).startswith(_PNG_METADATA_ERRORS):
-            log.debug("decoding failed", exc_info=True)
-            raise InvalidImage(f"the {name} image is corrupt (ValueError: {exc})") from None
-        raise PayloadTooLarge(
-            f"the {name} image's metadata (an ICC profile or text) inflates to more than {limits.max_metadata_bytes} "
-            "bytes, the limit (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
-        ) from None
-    except MemoryError:
-        raise PayloadTooLarge(f"decoding the {name} image needs more memory than this server has") from None
-    except UnidentifiedImageError:
-        raise _unidentified(data) from None
-    except (OSError, EOFError, SyntaxError) as exc:
-        fault = "truncated" if "truncated" in str(exc) or isinstance(exc, EOFError) else "corrupt"
-        raise InvalidImage(f"the {name} image is {fault}: {exc}") from None
-    except Exception as exc:  # whatever a crafted file makes a decoder raise is still the file's fault
-        log.debug("decoding failed", exc_info=True)
-        raise InvalidImage(f"the {name} image is corrupt ({type(exc).__name__}: {exc})") from None
-    return DecodedImage(image=image, width=width, height=height, format=fmt, size=image.size)
+        full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and bool(image.info.get("progressive")))
+        pixels = stored_w * stored_h if full else image.size[0] * image.size[1]
+    return OpenedImage(
+        pixels=pixels,
+        width=width,
+        height=height,
+        format=fmt,
+        _data=data,
+        _image=image,
+        _name=faults.name,
+        _orientation=orientation,
+        _color_mode=color_mode,
+        _max_pixels=max_pixels,
+        _draft_size=draft_size,
+        _limits=limits,
+    )
+
+
+class _FileFaults:
+    """Turns whatever Pillow or a plugin raises on a file into the file's 4xx: one mapping for
+    :func:`open_image` and :meth:`OpenedImage.decode`. ``name`` (the format's, for messages)
+    may be updated inside the block once Pillow has identified the file."""
+
+    def __init__(self, data: bytes, name: str, max_pixels: int, limits: PrescanLimits) -> None:
+        self.data, self.name, self.max_pixels, self.limits = data, name, max_pixels, limits
+
+    def __enter__(self) -> _FileFaults:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if exc is None or isinstance(exc, (BadRequest, InvalidImage, PayloadTooLarge)):
+            return False
+        if not isinstance(exc, Exception):  # KeyboardInterrupt, cancellation: not the file's fault
+            return False
+        raise self._mapped(exc) from None
+
+    def _mapped(self, exc: Exception) -> Exception:
+        name = self.name
+        if isinstance(exc, Image.DecompressionBombError):
+            found = re.search(r"\((\d+) pixels\)", str(exc))
+            pixels = f"{found.group(1)} pixels" if found else "more pixels than that"
+            return PayloadTooLarge(
+                f"the {name} image declares {pixels}; the limit is {self.max_pixels} (a decompression bomb?)"
+            )
+        if isinstance(exc, ValueError):
+            if not str(exc).startswith(_PNG_METADATA_ERRORS):
+                log.debug("decoding failed", exc_info=exc)
+                return InvalidImage(f"the {name} image is corrupt (ValueError: {exc})")
+            return PayloadTooLarge(
+                f"the {name} image's metadata (an ICC profile or text) inflates to more than "
+                f"{self.limits.max_metadata_bytes} bytes, the limit (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
+            )
+        if isinstance(exc, MemoryError):
+            return PayloadTooLarge(f"decoding the {name} image needs more memory than this server has")
+        if isinstance(exc, UnidentifiedImageError):
+            return _unidentified(self.data)
+        if isinstance(exc, (OSError, EOFError, SyntaxError)):
+            fault = "truncated" if "truncated" in str(exc) or isinstance(exc, EOFError) else "corrupt"
+            return InvalidImage(f"the {name} image is {fault}: {exc}")
+        # whatever a crafted file makes a decoder raise is still the file's fault
+        log.debug("decoding failed", exc_info=exc)
+        return InvalidImage(f"the {name} image is corrupt ({type(exc).__name__}: {exc})")

@@ -27,7 +27,7 @@ from service.errors import (
     PayloadTooLarge,
     ProblemError,
 )
-from service.images import DecodedImage, decode_image, decoded_pixels
+from service.images import DecodedImage, OpenedImage, decode_image, open_image
 from service.pixel_budget import PixelBudget
 from service.preprocess import Preprocessor
 from service.prescan import PrescanLimits
@@ -69,10 +69,10 @@ class DecodeLimits:
     max_request_pixels: int = 160_000_000
 
 
-def _probe(model: ModelVersion, data: bytes, max_pixels: int, limits: PrescanLimits) -> int:
-    """Blocking: runs in the decode thread pool. The pixels ``data`` decodes to, from its header."""
+def _probe(model: ModelVersion, data: bytes, max_pixels: int, limits: PrescanLimits) -> OpenedImage:
+    """Blocking: runs in the decode thread pool. ``data`` pre-scanned and its header parsed."""
     preprocessor = model.preprocessor
-    return decoded_pixels(
+    return open_image(
         data,
         color_mode=preprocessor.spec.color_mode,
         max_pixels=max_pixels,
@@ -82,10 +82,10 @@ def _probe(model: ModelVersion, data: bytes, max_pixels: int, limits: PrescanLim
 
 
 def _decode_and_preprocess(
-    model: ModelVersion, data: bytes, max_pixels: int, limits: PrescanLimits | None = None, keep_image: bool = True
+    model: ModelVersion, opened: OpenedImage, max_pixels: int, keep_image: bool = True
 ) -> tuple[DecodedImage, np.ndarray]:
     """Blocking: runs in the decode thread pool. Returns the image and its (C, H, W) input."""
-    decoded, x = decode_and_preprocess(model.preprocessor, data, max_pixels, limits=limits)
+    decoded, x = _preprocessed(model.preprocessor, opened.decode(model.preprocessor.spec.background), max_pixels)
     return (decoded if keep_image else decoded.dropped()), x
 
 
@@ -110,6 +110,13 @@ def decode_and_preprocess(
         background=preprocessor.spec.background,
         limits=limits,
     )
+    return _preprocessed(preprocessor, decoded, max_pixels)
+
+
+def _preprocessed(
+    preprocessor: Preprocessor, decoded: DecodedImage, max_pixels: int
+) -> tuple[DecodedImage, np.ndarray]:
+    """``decoded`` and its model input; PayloadTooLarge as :func:`decode_and_preprocess`."""
     input_w, input_h = preprocessor.content_size(*decoded.size)
     if input_w * input_h > max_pixels:
         raise PayloadTooLarge(
@@ -135,6 +142,7 @@ class _Work:
     index: int
     data: bytes
     pixels: int = 0
+    opened: OpenedImage | None = None  # pre-scanned, header parsed: decoded from here, not from data again
     error: ProblemError | None = None
     seconds: float = 0.0
 
@@ -170,7 +178,8 @@ async def _probe_one(
         loop = asyncio.get_running_loop()
         try:
             future = loop.run_in_executor(pool, _probe, model, work.data, max_pixels, limits.prescan)
-            work.pixels = await _until(deadline, model.batcher.clock.now, future, "read")
+            work.opened = await _until(deadline, model.batcher.clock.now, future, "read")
+            work.pixels = work.opened.pixels
         except ProblemError as exc:
             work.error = exc
         except Exception as exc:
@@ -209,12 +218,14 @@ async def _decode(
     max_pixels: int,
     slots: asyncio.Semaphore,
     *,
-    limits: DecodeLimits,
     budget: PixelBudget | None,
     deadline: float,
     keep_image: bool,
 ) -> tuple[ImageOutcome, np.ndarray | None]:
     """Decode and preprocess one image in the pool, holding its pixels of the worker's budget meanwhile.
+
+    The decode starts from the file :func:`_probe_one` opened (pre-scanned, header parsed), so
+    neither is done twice.
 
     The pixels are reserved before the decode starts and returned when its thread ends, even
     when the request stopped waiting for it at its deadline (504), so the budget bounds what the
@@ -224,6 +235,8 @@ async def _decode(
     """
     if work.error is not None:
         return ImageOutcome(work.index, None, None, work.error, work.seconds), None
+    opened, work.opened = work.opened, None  # the decode consumes it
+    assert opened is not None
     now = model.batcher.clock.now
     async with slots:
         started = time.perf_counter()
@@ -233,7 +246,7 @@ async def _decode(
                     await budget.acquire(work.pixels, max(deadline - now(), 0.0))
                 try:
                     future = asyncio.get_running_loop().run_in_executor(
-                        pool, _decode_and_preprocess, model, work.data, max_pixels, limits.prescan, keep_image
+                        pool, _decode_and_preprocess, model, opened, max_pixels, keep_image
                     )
                 except BaseException:
                     if budget is not None:
@@ -328,7 +341,6 @@ async def infer_images(
                 pool,
                 max_pixels,
                 slots,
-                limits=limits,
                 budget=budget,
                 deadline=decode_deadline,
                 keep_image=keep_images,

@@ -131,16 +131,49 @@ class Preprocessing(_Strict):
         return self
 
 
+PrefixToken = Literal["class", "distillation", "register"]
+
+
 class AttentionSpec(_Strict):
     """Where a ViT graph exposes its attention weights, for attention rollout (``?render=png``).
 
     The output holds every block's softmax attention, float32 (B, depth, heads, T, T) with
-    T = 1 + grid.height * grid.width, token 0 the class token and token 1 + r * grid.width + c
-    the patch in grid row r, column c of the model input.
+    T = P + grid.height * grid.width: first the P ``prefix_tokens`` (a ViT's class token; DeiT's
+    class and distillation tokens, Touvron et al. 2021 Sec. 5; DINOv2's class token and its
+    register tokens, Darcet et al. 2024 "Vision Transformers Need Registers" Sec. 2), then token
+    P + r * grid.width + c, the patch in grid row r, column c of the model input.
     """
 
     output: str = Field(description="The graph output holding the attention weights.")
     grid: Size = Field(description="The patch grid over the model input: rows (height) and columns (width).")
+    prefix_tokens: list[PrefixToken] = Field(
+        ["class"],
+        min_length=1,
+        description="The tokens before the patch grid, in order (absent: one class token, the form written "
+        "before this field). The rollout reads the class token's row and draws the patch columns only.",
+    )
+
+    @field_validator("prefix_tokens")
+    @classmethod
+    def _one_class_token(cls, prefix: list[str]) -> list[str]:
+        if prefix.count("class") != 1:
+            raise ValueError(f"prefix_tokens needs exactly one 'class' token (the rollout's query), got {prefix}")
+        return prefix
+
+
+class ClassMapSpec(_Strict):
+    """Where a graph whose head is linear on the average of its final tokens exposes each token's class scores.
+
+    The output is float32 (B, N, num_labels), N = grid.height * grid.width, token r * grid.width + c
+    at row r, column c of the final feature grid over the model input: the head applied to each
+    final token before the average, so that the average over the N tokens is the graph's logits.
+    ``render=png`` draws the top class's column as a class activation map (Zhou et al. 2016,
+    "Learning Deep Features for Discriminative Localization", CVPR, Sec. 2), for models with no
+    attention to roll out (Swin's windowed attention).
+    """
+
+    output: str = Field(description="The graph output holding the per-token class scores.")
+    grid: Size = Field(description="The final token grid over the model input: rows (height) and columns (width).")
 
 
 class ExportInfo(_Strict):
@@ -204,6 +237,14 @@ class Manifest(_Strict):
     attention: AttentionSpec | None = Field(
         None, description="A ViT's attention-weights output (enables ?render=png on classify); None: not exported."
     )
+    class_maps: ClassMapSpec | None = Field(
+        None, description="Per-token class scores for a class activation map (render=png without attention)."
+    )
+    no_attention_reason: str | None = Field(
+        None,
+        description="Why the graph exports no attention maps (e.g. Swin's windowed attention has no class token "
+        "to roll out); the render=png refusal quotes it. None: no reason recorded.",
+    )
 
     @field_validator("task")
     @classmethod
@@ -221,6 +262,8 @@ class Manifest(_Strict):
             raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
         if self.attention is not None and self.attention.output not in self.outputs:
             raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
+        if self.class_maps is not None and self.class_maps.output not in self.outputs:
+            raise ValueError(f"class_maps.output {self.class_maps.output!r} is not one of outputs {self.outputs}")
         from service import tasks
 
         task = tasks.get(self.task)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -74,7 +75,7 @@ QUEUE_DEPTH = Gauge(
 )
 MODEL_INFO = Gauge(
     "patchserve_model_info",
-    "1 for each loaded model version, with its task and execution provider.",
+    "1 for each model version serving, with its task and execution provider; 0 once unloaded.",
     ["model", "version", "task", "provider"],
     multiprocess_mode="max",
 )
@@ -91,6 +92,24 @@ AUTOTUNE_THROUGHPUT = Gauge(
     ["model", "version", "instances", "batch_size"],
     multiprocess_mode="max",
 )
+MODEL_LOADS = Counter(
+    "patchserve_model_loads",
+    "Model version loads (start-up, polling, the load API), by outcome: success or failure.",
+    ["model", "version", "outcome"],
+)
+
+
+def export_choices(model: Any) -> None:
+    """A model version's chosen values and the auto-tuner's curve as gauges (a repository.ModelVersion)."""
+    labels = (model.name, str(model.version))
+    MODEL_SETTING.labels(*labels, "instances").set(model.batcher.instances)
+    MODEL_SETTING.labels(*labels, "max_batch_size").set(model.batcher.config.max_batch_size)
+    if model.threads is not None:
+        MODEL_SETTING.labels(*labels, "intra_op_threads").set(model.threads.intra_op_threads)
+        MODEL_SETTING.labels(*labels, "spinning").set(int(model.threads.spinning))
+    if model.tuning is not None:
+        for point in model.tuning.points:
+            AUTOTUNE_THROUGHPUT.labels(*labels, str(point.instances), str(point.batch_size)).set(point.images_per_s)
 
 
 def observe_request(model: str, version: str, outcome: str, seconds: float | None) -> None:

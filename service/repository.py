@@ -1,29 +1,36 @@
 """The model repository: ``<root>/<name>/<version>/{model.onnx, model.json}``.
 
-Names and versions are matched against what was found on disk at start-up; a request's
-model name is a dictionary key, never a path, so nothing a client sends can reach outside the
-repository.
+:class:`ModelRepository` is the routing table: the versions serving now, by name then version.
+A request's model name is a dictionary key, never a path, so nothing a client sends can reach
+outside the repository. What is served changes while the server runs (:mod:`service.model_control`):
+a request holds its version with :meth:`ModelRepository.use` from lookup to answer, so a version
+taken out of the table finishes every request that reached it before its sessions are released.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import ctypes
 import dataclasses
+import gc
 import logging
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from service import tasks
-from service.batching import Batcher, BatchingConfig
+from service.batching import Batcher
 from service.cpus import ThreadPlan
 from service.errors import ModelNotFound, RepositoryError
-from service.manifest import Manifest, ManifestError, load_manifest
+from service.manifest import Manifest
 from service.preprocess import Preprocessor
-from service.runtime import CudaOptions, OrtRunner
-from service.tuning import Tuner, TuneResult
+from service.runtime import OrtRunner
+from service.tuning import TuneResult
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +57,10 @@ class ModelVersion:
     threads: ThreadPlan | None = None  # the sessions' threads and why (None: given by the caller as plain values)
     tuning: TuneResult | None = None  # the auto-tuner's curve and choice (None: not tuned)
     tuning_note: str = "off"  # why it was or was not tuned
+    users: int = 0  # requests holding this version (ModelRepository.use), queued and in flight included
+    retiring: bool = False  # out of the routing table: finishing its requests, then released
+    released: bool = False  # sessions and buffers let go
+    _unused: asyncio.Event | None = field(default=None, repr=False)  # set when retiring and users reaches 0
 
     @property
     def ready(self) -> bool:
@@ -77,6 +88,36 @@ class ModelVersion:
             for batch_size in range(1, self.batcher.config.max_batch_size + 1):
                 runner.run(np.zeros((batch_size, c, h, w), dtype=np.float32))
         self.warmed_up = True
+
+    async def until_unused(self) -> None:
+        """Return once no request holds this version (it must be out of the routing table: ``retiring``)."""
+        assert self.retiring, "only a retiring version stops gaining users"
+        if self.users == 0:
+            return
+        if self._unused is None:
+            self._unused = asyncio.Event()
+        await self._unused.wait()
+
+    def _let_go(self) -> None:
+        self.users -= 1
+        if self.users == 0 and self._unused is not None:
+            self._unused.set()
+
+    async def release(self) -> None:
+        """Stop the batcher (anything still queued gets 503) and let go of every session and buffer.
+
+        Called once the version is out of the routing table and unused. The sessions' memory
+        (ONNX Runtime's arenas, the graph's weights) is freed when the last reference goes;
+        ``malloc_trim`` then hands glibc's free pages back, so the process's RSS falls.
+        """
+        await self.batcher.stop()
+        self.batcher.release()
+        for runner in self.instances or [self.runner]:
+            runner.close()
+        self.instances = []
+        self.released = True
+        gc.collect()
+        _trim_malloc()
 
     def describe(self) -> dict[str, Any]:
         """The JSON description ``GET /v1/models`` shows for this version."""
@@ -138,12 +179,46 @@ class ModelVersion:
         }
 
 
+def _trim_malloc() -> None:
+    """Return the C heap's free memory to the system (glibc's ``malloc_trim(0)``; elsewhere nothing)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+
+
 @dataclass
 class ModelRepository:
-    """Every model version found at start-up, by name then version."""
+    """The versions serving now, by name then version (every one ready: a version enters once warmed up)."""
 
     root: Path
     models: dict[str, dict[int, ModelVersion]] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def use(self, name: str, version: str | None = None) -> Iterator[ModelVersion]:
+        """Hold the requested version (see :meth:`get`) for the block: it is not released meanwhile.
+
+        Raises:
+            ModelNotFound: no such model or version (404).
+        """
+        model = self.get(name, version)
+        model.users += 1
+        try:
+            yield model
+        finally:
+            model._let_go()
+
+    def add(self, model: ModelVersion) -> ModelVersion | None:
+        """Route ``model`` (ready, its batcher started); returns the version it replaced (same number), if any."""
+        previous = self.models.setdefault(model.name, {}).get(model.version)
+        self.models[model.name][model.version] = model
+        return previous
+
+    def remove(self, name: str, version: int) -> ModelVersion:
+        """Take a version out of the routing table: new requests no longer reach it (it is ``retiring``)."""
+        model = self.models[name].pop(version)
+        if not self.models[name]:
+            del self.models[name]
+        model.retiring = True
+        return model
 
     def get(self, name: str, version: str | None = None) -> ModelVersion:
         """The requested version, or the numerically highest one.
@@ -169,6 +244,9 @@ class ModelRepository:
 def discover(root: Path) -> list[tuple[str, int, Path]]:
     """The (name, version, folder) of every ``<root>/<name>/<version>/`` with a model.onnx.
 
+    Folders whose names start with a dot are skipped (``.2.partial``: a version being written,
+    to be renamed to ``2`` when complete).
+
     Raises:
         RepositoryError: the root is missing, or a folder's name is not a valid model
             name or version.
@@ -179,7 +257,7 @@ def discover(root: Path) -> list[tuple[str, int, Path]]:
     for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
         if not NAME_PATTERN.match(model_dir.name):
             raise RepositoryError(f"{model_dir}: not a valid model name (letters, digits, _ . -)")
-        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir()):
+        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
             if not VERSION_PATTERN.fullmatch(version_dir.name):
                 raise RepositoryError(f"{version_dir}: a version folder must be a number of at most 9 digits")
             if (version_dir / "model.onnx").is_file():
@@ -187,109 +265,3 @@ def discover(root: Path) -> list[tuple[str, int, Path]]:
     if not found:
         raise RepositoryError(f"model repository {root} holds no <name>/<version>/model.onnx")
     return found
-
-
-def load_repository(
-    root: Path,
-    *,
-    device: Literal["auto", "cuda", "cpu"],
-    batching: BatchingConfig,
-    intra_op_threads: int = 0,
-    inter_op_threads: int = 0,
-    intra_op_spinning: bool = False,
-    io_binding: bool = False,
-    cuda: CudaOptions | None = None,
-    instances: int = 1,
-    threads: ThreadPlan | None = None,
-    tuner: Tuner | None = None,
-    batch_size_fixed: bool = False,
-) -> ModelRepository:
-    """Load every model version under ``root`` (sessions created, batchers not started).
-
-    Each version gets ``instances`` ONNX Runtime sessions, all fed by its one batcher; the
-    session options are :class:`OrtRunner`'s. With ``threads`` (:func:`service.cpus.plan_threads`)
-    the instances, intra-op threads and spinning come from that plan instead of the plain values.
-    With ``tuner`` each version's instance count and ``max_batch_size`` are measured (or read from
-    the tuner's cache) first, except what is fixed: ``max_batch_size`` by the manifest's
-    ``batching`` section or, with ``batch_size_fixed``, by ``batching``; the instance count by
-    the plan (a setting forced it).
-
-    Raises:
-        RepositoryError: a missing or invalid manifest (naming the file and field), or a
-            bad repository layout.
-    """
-    repository = ModelRepository(root)
-    for name, version, folder in discover(root):
-        try:
-            manifest = load_manifest(folder / "model.json")
-        except ManifestError as exc:
-            raise RepositoryError(str(exc)) from None
-        preprocessor = Preprocessor(manifest.preprocessing)
-        overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
-        config = batching.override(**overrides)
-
-        def make_runner(intra: int, spinning: bool, folder: Path = folder) -> OrtRunner:
-            return OrtRunner(
-                folder / "model.onnx",
-                device=device,
-                intra_op_threads=intra,
-                inter_op_threads=inter_op_threads,
-                intra_op_spinning=spinning,
-                io_binding=io_binding,
-                cuda=cuda,
-            )
-
-        plan, tuned, note = threads, None, "off"
-        if tuner is not None and plan is not None:
-            fixed_batch = overrides.get("max_batch_size") or (batching.max_batch_size if batch_size_fixed else None)
-            fixed_instances = plan.instances if "instances" in plan.forced else None
-            tuned = tuner.run(
-                name,
-                version,
-                folder / "model.onnx",
-                preprocessor.output_shape,
-                manifest.input.dtype,
-                make_runner=make_runner,
-                threads_for=lambda n, plan=plan: (
-                    plan.with_instances(n).intra_op_threads,
-                    plan.with_instances(n).spinning,
-                ),
-                cores=plan.cores.cores,
-                share=plan.share,
-                fixed_instances=fixed_instances,
-                fixed_batch_size=fixed_batch,
-            )
-            note = _tuning_note(tuned, overrides, batch_size_fixed, fixed_instances)
-            if tuned is not None:
-                plan = plan.with_instances(tuned.instances)
-                config = config.override(max_batch_size=fixed_batch or tuned.max_batch_size)
-        if plan is not None:
-            runners = [make_runner(plan.intra_op_threads, plan.spinning) for _ in range(plan.instances)]
-        else:
-            runners = [make_runner(intra_op_threads, intra_op_spinning) for _ in range(instances)]
-        runner = runners[0]
-        batcher = Batcher([r.run for r in runners], config, model=name, version=str(version))
-        repository.models.setdefault(name, {})[version] = ModelVersion(
-            name, version, folder, manifest, runner, preprocessor, batcher, instances=runners,
-            threads=plan, tuning=tuned, tuning_note=note,
-        )  # fmt: skip
-        log.info(
-            "model %s version %d: %s on %s; %s; max_batch_size %d",
-            name, version, manifest.task, runner.providers.primary,
-            plan.reason if plan is not None else f"{len(runners)} instance(s)", config.max_batch_size,
-        )  # fmt: skip
-    return repository
-
-
-def _tuning_note(tuned: TuneResult | None, overrides: dict, batch_size_fixed: bool, fixed_instances: int | None) -> str:
-    """Why the tuner chose what it did not (a fixed value), in words."""
-    fixed = []
-    if overrides.get("max_batch_size"):
-        fixed.append("max_batch_size from the manifest's batching section")
-    elif batch_size_fixed:
-        fixed.append("max_batch_size set (PATCHSERVE_MAX_BATCH_SIZE)")
-    if fixed_instances is not None:
-        fixed.append("instances set (PATCHSERVE_INSTANCES)")
-    if tuned is None:
-        return "not tuned: " + (" and ".join(fixed) if fixed else "the session did not get its provider")
-    return "tuned" + (f"; kept {' and '.join(fixed)}" if fixed else "")

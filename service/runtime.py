@@ -177,6 +177,10 @@ class OrtRunner:
         self.device_type = "cuda" if choice.primary == CUDA else "cpu"
         log.info("loaded %s: providers requested %s, in use %s", path, requested, in_use)
 
+    def close(self) -> None:
+        """Let go of the session (its memory is freed with the last reference); ``run`` fails after."""
+        self.session = None  # type: ignore[assignment]
+
     def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """Run the graph on one batch.
 

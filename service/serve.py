@@ -61,7 +61,8 @@ def prepare_multiprocess_dir() -> tuple[Path, bool]:
 
     Uses ``$PROMETHEUS_MULTIPROC_DIR`` if set, else a new folder under the temporary directory
     (a tmpfs in the container). The ``*.db`` files an earlier run left there are removed, so
-    counts start at zero with every start. Must run before prometheus_client is imported.
+    counts start at zero with every start, and so is the workers' model-control signal
+    (:mod:`service.control_signal`). Must run before prometheus_client is imported.
 
     Returns:
         The folder, and whether it was created here (and so is removed at exit).
@@ -69,7 +70,7 @@ def prepare_multiprocess_dir() -> tuple[Path, bool]:
     given = os.environ.get(MULTIPROC_ENV)
     folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="patchserve-metrics-"))
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in folder.glob("*.db"):
+    for stale in [*folder.glob("*.db"), *folder.glob("model-control.*")]:  # and the workers' control signal
         stale.unlink()
     os.environ[MULTIPROC_ENV] = str(folder)
     return folder, not given

@@ -120,6 +120,9 @@ class Settings(BaseSettings):
     tune_point_seconds: float = Field(
         0.2, gt=0.0, le=10.0, description="Seconds the auto-tuner measures each (instances, batch size) point."
     )
+    tune_rounds: int = Field(
+        3, ge=1, le=20, description="Interleaved rounds over the tuner's grid; each point is its median over them."
+    )
     tune_max_batch_size: int = Field(
         0, ge=0, le=1024, description="Largest batch size the auto-tuner tries (0: 16 on the CPU, 64 on a GPU)."
     )
@@ -130,6 +133,18 @@ class Settings(BaseSettings):
     tune_cache: Path | None = Field(
         None,
         description="Folder of the auto-tuner's results, by model file and machine (unset: the user's cache folder).",
+    )
+    repository_poll_seconds: float = Field(
+        0.0,
+        ge=0.0,
+        le=86400.0,
+        description="Seconds between scans of the model repository for new, changed or removed versions "
+        "(0: no polling; the repository API still loads and unloads). See docs/model-control.md.",
+    )
+    model_control_api: bool = Field(
+        True,
+        description="Serve POST /v2/repository/models/{name}/load and .../unload (behind the API keys when "
+        "they are set); false: they answer 403.",
     )
     io_binding: bool = Field(False, description="Run through an ONNX Runtime IO binding (batch bound on the device).")
     cuda_device_id: int = Field(0, ge=0, description="The GPU the CUDA execution provider runs on.")

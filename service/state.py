@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from service.cpus import ThreadPlan
 from service.inference import DecodeLimits
+from service.model_control import ModelControl
 from service.pixel_budget import PixelBudget
 from service.repository import ModelRepository
 from service.serve import shutdown_requested
@@ -27,6 +28,7 @@ class ServerState:
         threads: the thread plan chosen from the usable cores (None: the settings' plain values).
         decode_limits: the pre-scan's and one request's pixel limits (from the settings).
         pixel_budget: the decoded pixels this worker holds at once (``max_decoding_pixels``).
+        control: loads and retires model versions while serving (:mod:`service.model_control`).
     """
 
     settings: Settings
@@ -38,6 +40,7 @@ class ServerState:
     threads: ThreadPlan | None = None
     decode_limits: DecodeLimits = field(default_factory=DecodeLimits)
     pixel_budget: PixelBudget | None = None
+    control: ModelControl | None = None
 
     def not_ready_reasons(self) -> list[str]:
         """Why the server is not ready; empty when it is."""

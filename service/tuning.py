@@ -2,11 +2,14 @@
 
 For each instance count n in 1…N and batch size b in 1, 2, 4, … up to a bound, n sessions run
 batches of b zeros concurrently, one thread each, for ``point_seconds``; images per second is
-the point's throughput. The whole measurement stops at ``budget_seconds`` (what was measured
-by then is used), and a batch-size sweep stops early once two sizes in a row gave under 90 %
-of its best. The CPU time other processes took meanwhile is measured too (/proc/stat's busy
-time minus this process's): a result measured on a busy machine is used but not cached, so
-the next start measures again.
+the point's throughput. The grid is measured in interleaved rounds (three by default: every
+point, then every point again, ...) and each point is its median, because one 0.2 s point on
+a shared CPU is noise (issue 14: ViT-Ti/16 gave b1 40, b2 34, b4 47 img/s in one bench run,
+where ONNX Runtime alone on a quiet machine gives b1 82, b4 94). The whole measurement stops
+at ``budget_seconds`` (what was measured by then is used), and a batch-size sweep stops early
+once two sizes in a row gave under 90 % of its best. The CPU time other processes took
+meanwhile is measured too (/proc/stat's busy time minus this process's): a result measured on
+a busy machine is used but not cached, so the next start measures again.
 :func:`choose` then takes the smallest instance count, and within it the smallest batch, whose
 throughput is within ``tolerance`` (5 %) of the best measured: on the CPU, where the curve is
 flat (ViT-Ti/16: b1 82, b4 94, b16 84 img/s), that is a small batch, which keeps latency low; on a
@@ -169,38 +172,56 @@ def measure(
     sizes: Sequence[int],
     point_seconds: float,
     budget_seconds: float,
+    rounds: int = 1,
     measure_one: Callable[[Sequence[RunFn], np.ndarray, float], float] = measure_point,
     clock: Callable[[], float] = time.monotonic,
 ) -> list[Point]:
     """The throughput curve over ``instance_counts`` × ``sizes``, within ``budget_seconds``.
 
+    The first round walks the grid (a batch-size sweep stops once two sizes in a row gave
+    under 90 % of its best); each further round measures the same points again in the same
+    order, so that a burst of foreign load or a noisy point lands in one round only, and each
+    point's throughput is its median over the rounds it got (rounds stop at the budget too).
+    The sessions of every instance count stay open until the last round.
+
     Args:
         make_runners: n -> n runners (sessions) of the model, ``(B, C, H, W) -> outputs``.
         input_shape: one input, (C, H, W).
-        point_seconds: seconds each point is measured.
+        point_seconds: seconds each point is measured, per round.
         budget_seconds: once this much has passed no further point starts.
+        rounds: passes over the grid (>= 1).
         measure_one, clock: injectable for tests.
     """
     started = clock()
-    points: list[Point] = []
+    samples: dict[tuple[int, int], list[float]] = {}
+    runners_of: dict[int, Sequence[RunFn]] = {}
+
+    def batch_of(b: int) -> np.ndarray:
+        return np.zeros((b, *input_shape), dtype=dtype)  # (B, C, H, W)
+
     for n in instance_counts:
         if clock() - started >= budget_seconds:
             break
-        runners = make_runners(n)
+        runners_of[n] = make_runners(n)
         best, below = 0.0, 0
         for b in sizes:
             if clock() - started >= budget_seconds:
                 log.warning("auto-tune: the %.1f s budget ran out at n=%d, b=%d", budget_seconds, n, b)
                 break
-            batch = np.zeros((b, *input_shape), dtype=dtype)  # (B, C, H, W)
-            throughput = measure_one(runners, batch, point_seconds)
-            points.append(Point(n, b, throughput))
+            throughput = measure_one(runners_of[n], batch_of(b), point_seconds)
+            samples[(n, b)] = [throughput]
             best = max(best, throughput)
             below = below + 1 if throughput < TURN_DOWN * best else 0
             if below == 2:
                 break  # two sizes in a row well below the best: the curve has turned down
-        del runners
-    return points
+    grid = list(samples)
+    for _ in range(rounds - 1):
+        for n, b in grid:
+            if clock() - started >= budget_seconds:
+                break
+            samples[(n, b)].append(measure_one(runners_of[n], batch_of(b), point_seconds))
+    runners_of.clear()
+    return [Point(n, b, float(np.median(samples[(n, b)]))) for n, b in grid]
 
 
 def graph_digest(path: Path) -> str:
@@ -271,9 +292,15 @@ class TuneCache:
     def path(self, name: str, version: int, key: str) -> Path:
         return self.folder / f"{name}-{version}-{key[:20]}.json"
 
-    def load(self, name: str, version: int, key: str) -> TuneResult | None:
-        """The cached result for ``key``, or None (missing, unreadable, or another key's)."""
+    def load(self, name: str, version: int, key: str, *, any_version: bool = False) -> TuneResult | None:
+        """The cached result for ``key``, or None (missing, unreadable, or another key's).
+
+        With ``any_version`` the result may have been cached under another model name or version
+        (the key holds the graph's hash: the same graph gets the same result).
+        """
         path = self.path(name, version, key)
+        if any_version and not path.exists():
+            path = next(iter(sorted(self.folder.glob(f"*-{key[:20]}.json"))), path)
         try:
             data = json.loads(path.read_text())
             result = TuneResult.from_dict(data)
@@ -395,8 +422,9 @@ class Tuner:
 
     Attributes:
         cache: where results are kept (None: nowhere).
-        point_seconds: seconds per measured point.
+        point_seconds: seconds per measured point and round.
         budget_seconds: most seconds per model.
+        rounds: interleaved passes over the grid; each point is its median over them.
         max_batch_size: the largest batch size tried (0: 16 on the CPU, 64 on a GPU).
         max_instances: the most instances tried (on the CPU also at most the model's cores).
         ort_version: ONNX Runtime's version (part of the cache key).
@@ -406,6 +434,7 @@ class Tuner:
     cache: TuneCache | None
     point_seconds: float = 0.2
     budget_seconds: float = 10.0
+    rounds: int = 3
     max_batch_size: int = 0
     max_instances: int = 2
     ort_version: str = ""
@@ -433,8 +462,12 @@ class Tuner:
         share: int,
         fixed_instances: int | None = None,
         fixed_batch_size: int | None = None,
+        cached_only: bool = False,
     ) -> TuneResult | None:
         """Measure (or read from the cache) one model version's curve and choose from it.
+
+        With ``cached_only`` (a version loaded while others serve) nothing is measured: the cached
+        result for this graph, whatever version it was cached under, or None.
 
         Args:
             graph: its model.onnx.
@@ -468,9 +501,16 @@ class Tuner:
             "threads": {str(n): list(threads_for(n)) for n in counts},
             "point_seconds": self.point_seconds,
             "budget_seconds": self.budget_seconds,
+            "rounds": self.rounds,
             "tolerance": TOLERANCE,
         }
         key = cache_key(graph_digest(graph), identity, request)
+        if cached_only:
+            cached = self.cache.load(name, version, key, any_version=True) if self.cache is not None else None
+            if cached is not None:
+                log.info("model %s version %d: auto-tune result from %s (loaded while serving)", name, version,
+                         cached.cache_file)  # fmt: skip
+            return cached
 
         def make_runners(n: int) -> list[RunFn]:
             threads, spinning = threads_for(n)
@@ -489,6 +529,7 @@ class Tuner:
                 sizes=sizes,
                 point_seconds=self.point_seconds,
                 budget_seconds=self.budget_seconds,
+                rounds=self.rounds,
             )
 
         return tune(

@@ -87,23 +87,37 @@ class Classification(BaseTask):
     ) -> bytes:
         """The attention rollout over the displayed image, captioned with the top class.
 
+        A model without attention maps but with per-token class scores (the manifest's
+        ``class_maps``: Swin) draws the top class's activation map (Zhou et al. 2016) instead.
+
         Raises:
-            InvalidParameter: the graph exports no attention maps (422).
+            InvalidParameter: the graph exports neither (422), with the manifest's reason.
         """
-        spec = model.manifest.attention
-        if spec is None:
-            raise InvalidParameter(
-                f"model {model.name!r} version {model.version} exports no attention maps, so render=png has "
-                "nothing to draw; ask for JSON, or use a ViT exported with them (e.g. vit-cifar10)"
+        spec, decoded, top = model.manifest.attention, outcome.image, fields["predictions"][0]
+        caption = f"{top['label']} {top['score']:.2f}"
+        maps = model.manifest.class_maps
+        if spec is None and maps is not None:  # no attention to roll out (Swin): the top class's activation map
+            heat = attention.class_map(
+                outcome.result.outputs[maps.output], (maps.grid.height, maps.grid.width), top["class_id"]
             )
-        decoded, top = outcome.image, fields["predictions"][0]
+            size = (decoded.width, decoded.height)
+            return attention.render_heat_png(decoded.image, size, heat, model.preprocessor, caption=caption)
+        if spec is None:
+            reason = model.manifest.no_attention_reason
+            raise InvalidParameter(
+                f"model {model.name!r} version {model.version} exports no attention maps"
+                + (f" ({reason})" if reason else "")
+                + ", so render=png has nothing to draw; ask for JSON, or use a ViT exported with them "
+                "(e.g. vit-cifar10)"
+            )
         return attention.render_png(
             decoded.image,
             (decoded.width, decoded.height),
             outcome.result.outputs[spec.output],
             (spec.grid.height, spec.grid.width),
             model.preprocessor,
-            caption=f"{top['label']} {top['score']:.2f}",
+            caption=caption,
+            prefix_tokens=spec.prefix_tokens,
         )
 
 

@@ -71,6 +71,10 @@ def test_compose_base_file_is_the_gpu_deployment() -> None:
     (device,) = api["deploy"]["resources"]["reservations"]["devices"]
     assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"] and device["count"] == 1
     assert api["read_only"] is True and api["tmpfs"] == ["/tmp"]
+    # the host's repository, polled: publishing a version folder on the host is all it takes (issue 23)
+    (models,) = [v for v in api["volumes"] if v["target"] == "/models"]
+    assert models["source"] == str(ROOT / "model_repository") and models["read_only"] is True
+    assert float(api["environment"]["PATCHSERVE_REPOSITORY_POLL_SECONDS"]) > 0
     assert api["ports"][0]["target"] == 8000
     grace = api["stop_grace_period"]
     assert grace == "45s" and float(api["environment"]["PATCHSERVE_DRAIN_DELAY"]) + float(

@@ -213,8 +213,10 @@ def test_an_imported_classifier_exports_the_class_token_after_the_final_layernor
 
     folder, out = hf_repository / "checkpoints" / preset, hf_repository / "repository" / preset / "1"
     manifest = load_manifest(out / "model.json")
-    assert manifest.outputs == ["logits", "embedding"]
+    assert manifest.outputs == ["logits", "embedding", "attentions"]
     assert manifest.roles == {"logits": "logits", "embedding": "embedding"}
+    prefix = ["class", "distillation"] if preset.startswith("tiny-deit") else ["class"]
+    assert manifest.attention is not None and manifest.attention.prefix_tokens == prefix
     architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
     model = getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True).eval()
     backbone = getattr(model, model.base_model_prefix)  # ViTModel / DeiTModel: its output is after the LayerNorm

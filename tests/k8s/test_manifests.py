@@ -15,7 +15,13 @@ import yaml
 from tests.conftest import ROOT
 
 K8S = ROOT / "k8s"
-CORE = [K8S / "deployment.yaml", K8S / "service.yaml", K8S / "hpa.yaml", K8S / "extras" / "hpa-queue-depth.yaml"]
+CORE = [
+    K8S / "deployment.yaml",
+    K8S / "service.yaml",
+    K8S / "hpa.yaml",
+    K8S / "extras" / "hpa-queue-depth.yaml",
+    K8S / "model-repository.yaml",
+]
 ISVC = K8S / "kserve" / "inferenceservice.yaml"
 
 # KServe v1beta1 (pkg/apis/serving/v1beta1): PredictorSpec = the framework specs (one-of) +
@@ -70,6 +76,23 @@ def test_deployment_probes_resources_and_shutdown() -> None:
     assert service["spec"]["selector"] == deployment["spec"]["selector"]["matchLabels"]
     hpa = yaml.safe_load((K8S / "hpa.yaml").read_text())
     assert hpa["spec"]["scaleTargetRef"]["name"] == deployment["metadata"]["name"]
+
+
+def test_every_pod_polls_the_shared_model_repository() -> None:
+    deployment = yaml.safe_load((K8S / "deployment.yaml").read_text())
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert float(env["PATCHSERVE_REPOSITORY_POLL_SECONDS"]) > 0
+    (mount,) = [m for m in container["volumeMounts"] if m["name"] == "models"]
+    assert mount["mountPath"] == env["PATCHSERVE_MODEL_REPOSITORY"] and mount["readOnly"] is True
+    (seed,) = pod["initContainers"]
+    assert [m["mountPath"] for m in seed["volumeMounts"]] == [mount["mountPath"]]  # it fills the same volume
+    (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
+    claim, publisher = yaml.safe_load_all((K8S / "model-repository.yaml").read_text())
+    assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # every pod reads it, the publisher writes it
+    assert publisher["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
 
 
 def test_inferenceservice_uses_only_fields_of_the_v1beta1_predictor_spec() -> None:

@@ -72,3 +72,24 @@ def test_cutmix_box_has_about_the_asked_area_when_centred() -> None:
     areas = [(y1 - y0) * (x1 - x0) for y0, y1, x0, x1 in boxes]
     assert max(areas) == 50 * 50  # sqrt(1 - 0.75) = 0.5 of each side when not clipped
     assert all(0 <= y0 <= y1 <= 100 and 0 <= x0 <= x1 <= 100 for y0, y1, x0, x1 in boxes)
+
+
+def test_random_erase_replaces_one_rectangle_per_chosen_image_reproducibly() -> None:
+    from models.augment import random_erase
+
+    images = torch.zeros(64, 3, 32, 32)
+    assert torch.equal(random_erase(images, torch.Generator().manual_seed(0), prob=0.0), images)
+    first = random_erase(images, torch.Generator().manual_seed(1), prob=1.0)
+    again = random_erase(images, torch.Generator().manual_seed(1), prob=1.0)
+    assert torch.equal(first, again)
+    assert torch.equal(images, torch.zeros_like(images))  # the input is left alone
+    erased = (first != 0).any(dim=1)  # (B, H, W): where noise went
+    areas = erased.flatten(1).sum(1).float() / (32 * 32)
+    assert (areas > 0).float().mean() > 0.9  # nearly every image found a rectangle within 10 draws
+    for mask, area in zip(erased, areas, strict=True):
+        if area == 0:
+            continue
+        rows, cols = mask.any(1).nonzero().flatten(), mask.any(0).nonzero().flatten()
+        box = (rows.max() - rows.min() + 1) * (cols.max() - cols.min() + 1)
+        assert int(mask.sum()) == int(box)  # one filled rectangle
+        assert 0.015 <= float(area) <= 0.36  # of the asked area range, up to rounding

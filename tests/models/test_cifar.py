@@ -71,3 +71,64 @@ def test_a_tiny_training_run_writes_checkpoint_metrics_and_curves(tmp_path) -> N
     for name in ("checkpoint.pt", "metrics.json", "history.json", "training_curves.png"):
         assert (tmp_path / name).is_file()
     assert not (tmp_path / "last.pt").exists()
+
+
+def test_distillation_loss_is_half_true_labels_half_teacher_argmax() -> None:
+    """DeiT's hard-label distillation, Touvron et al. 2021, Sec. 5.1, Eq. 3."""
+    import torch
+    from torch.nn import functional as F
+
+    from models.augment import soft_cross_entropy, soft_targets
+    from models.train_cifar import distillation_loss
+    from models.vit import build
+
+    torch.manual_seed(0)
+    student = build("cifar10", distillation=True)
+    teacher = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(3 * 32 * 32, 10))
+    x, labels = torch.randn(4, 3, 32, 32), torch.tensor([0, 1, 2, 3])
+    targets = soft_targets(labels, 10, 0.1)
+    loss = distillation_loss(student, teacher, x, targets)
+    class_logits, distillation_logits = student(x, heads=True)
+    expected = 0.5 * soft_cross_entropy(class_logits, targets) + 0.5 * F.cross_entropy(
+        distillation_logits, teacher(x).argmax(1)
+    )
+    assert torch.allclose(loss, expected)
+    loss.backward()
+    assert student.head_dist.weight.grad is not None and student.dist_token.grad is not None
+    assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
+
+
+def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path) -> None:
+    import json
+
+    from export.checkpoint import export_checkpoint
+    from models.train_cifar import train
+
+    path = archive_or_skip()
+    small = {"epochs": 1, "batch_size": 16, "data": path, "limit_per_class": 4, "compile": False, "quiet": True}
+    train(tmp_path / "cnn", arch="cnn", **small)
+    with pytest.raises(ValueError, match="--teacher"):
+        train(tmp_path / "deit", arch="deit", **small)
+    metrics = train(tmp_path / "deit", arch="deit", teacher=tmp_path / "cnn" / "checkpoint.pt", erase=0.25, **small)
+    assert 0.0 <= metrics["teacher_test_accuracy"] <= 1.0
+    manifest = export_checkpoint(tmp_path / "deit" / "checkpoint.pt", tmp_path / "repo" / "1", opset=18)
+    assert manifest.description.startswith("DeiT") and manifest.roles == {"logits": "logits", "embedding": "embedding"}
+    assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
+    written = json.loads((tmp_path / "repo" / "1" / "model.json").read_text())
+    assert written["outputs"] == ["logits", "embedding", "attentions"]
+    assert written["attention"]["prefix_tokens"] == ["class", "distillation"]  # the rollout skips both
+
+    # render=png draws the rollout over the 4x4 patch grid, past both prefix tokens
+    import numpy as np
+    import onnxruntime as ort
+
+    from service.attention import rollout_grid
+    from service.manifest import load_manifest
+
+    served = load_manifest(tmp_path / "repo" / "1" / "model.json")
+    session = ort.InferenceSession(str(tmp_path / "repo" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(0).standard_normal((1, 3, 32, 32)).astype(np.float32)
+    attentions = session.run(["attentions"], {"pixel_values": x})[0]
+    spec = served.attention
+    heat = rollout_grid(attentions[0], (spec.grid.height, spec.grid.width), spec.prefix_tokens)
+    assert heat.shape == (4, 4) and np.isfinite(heat).all()

@@ -94,3 +94,146 @@ def test_config_round_trips_through_a_checkpoint_dict() -> None:
 def test_unknown_config_is_refused() -> None:
     with pytest.raises(ValueError, match="known"):
         build("detr-r101")
+
+
+def test_an_all_valid_pixel_mask_changes_nothing() -> None:
+    import torch
+
+    from models.detr import build
+
+    torch.manual_seed(0)
+    model = build("digits-small").eval()
+    x = torch.randn(2, 1, 128, 96)
+    with torch.no_grad():
+        plain = model(x)
+        masked = model(x, torch.ones(2, 128, 96))
+    assert torch.allclose(plain["pred_logits"], masked["pred_logits"], atol=1e-5)
+    assert torch.allclose(plain["pred_boxes"], masked["pred_boxes"], atol=1e-6)
+
+
+def test_the_sine_encoding_of_a_padded_map_is_the_unpadded_ones_on_its_pixels() -> None:
+    """Carion et al. 2020, Sec. 4 / appendix A.3: positions are normalised by the valid extent."""
+    import torch
+
+    from models.position_encoding import PositionEmbeddingSine
+
+    encode = PositionEmbeddingSine(16)
+    alone = encode(torch.zeros(1, 1, 6, 5))  # (1, 32, 6, 5)
+    mask = torch.ones(1, 9, 8, dtype=torch.bool)
+    mask[:, :6, :5] = False  # 6x5 valid at the top left of a 9x8 canvas
+    padded = encode(torch.zeros(1, 1, 9, 8), mask)
+    assert torch.allclose(padded[..., :6, :5], alone, atol=1e-6)
+
+
+def test_the_transformer_ignores_what_is_padded() -> None:
+    """The decoder's output for an image is the same alone and padded with its mask."""
+    import torch
+
+    from models.position_encoding import PositionEmbeddingSine
+    from models.transformer import Transformer
+
+    torch.manual_seed(0)
+    for normalize_before in (False, True):
+        transformer = Transformer(32, 4, 2, 2, 64, dropout=0.0, normalize_before=normalize_before).eval()
+        encode, queries = PositionEmbeddingSine(16), torch.randn(7, 32)
+        src = torch.randn(1, 32, 4, 3)
+        padded = torch.randn(1, 32, 6, 5) * 10  # garbage where the padding is
+        padded[..., :4, :3] = src
+        mask = torch.ones(1, 6, 5, dtype=torch.bool)
+        mask[:, :4, :3] = False
+        with torch.no_grad():
+            alone = transformer(src, queries, encode(src))
+            masked = transformer(padded, queries, encode(padded, mask), mask)
+        assert torch.allclose(alone, masked, atol=1e-5)
+
+
+def _grouped(groups: int = 3, **overrides) -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build("digits-small", num_groups=groups, num_queries=5, **overrides)
+
+
+def test_group_detr_trains_k_groups_and_infers_with_group_0_only() -> None:
+    """Chen et al. 2023, Sec. 3.2: K * N queries in training, N at inference, same heads."""
+    model = _grouped(3)
+    x = torch.randn(2, 1, 128, 128)
+    with torch.no_grad():
+        model.train().backbone.eval()  # batch norm on its running statistics, as at inference
+        trained = model(x)
+        served = model.eval()(x)
+    assert trained["pred_logits"].shape == (2, 15, 11) and trained["pred_boxes"].shape == (2, 15, 4)
+    assert all(a["pred_boxes"].shape == (2, 15, 4) for a in trained["aux_outputs"])
+    assert served["pred_logits"].shape == (2, 5, 11) and served["pred_boxes"].shape == (2, 5, 4)
+    # Within-group attention only: group 0 decodes in training exactly as it does alone at inference.
+    torch.testing.assert_close(trained["pred_boxes"][:, :5], served["pred_boxes"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(trained["pred_logits"][:, :5], served["pred_logits"], atol=1e-5, rtol=0)
+
+
+def test_group_detr_blocks_attention_across_groups() -> None:
+    model = _grouped(2).train()
+    queries, mask = model.queries()
+    assert queries.shape == (10, 128) and mask.shape == (10, 10)
+    assert mask[:5, :5].all() and mask[5:, 5:].all() and not mask[:5, 5:].any() and not mask[5:, :5].any()
+    x = torch.randn(1, 1, 128, 128)
+    with torch.no_grad():
+        before = model(x)
+        model.query_embed.weight[5:] += 3.0  # change only group 1's queries
+        after = model(x)
+    torch.testing.assert_close(before["pred_boxes"][:, :5], after["pred_boxes"][:, :5], atol=1e-6, rtol=0)
+    assert not torch.allclose(before["pred_boxes"][:, 5:], after["pred_boxes"][:, 5:], atol=1e-3)
+
+
+def test_for_inference_keeps_group_0_and_the_plain_detr_graph() -> None:
+    from models.detr import for_inference
+
+    model = _grouped(3).eval()
+    inference = for_inference(model)
+    assert inference.config.num_groups == 1 and inference.query_embed.weight.shape == (5, 128)
+    x = torch.randn(2, 1, 128, 128)
+    with torch.no_grad():
+        torch.testing.assert_close(inference(x)["pred_boxes"], model(x)["pred_boxes"], atol=0, rtol=0)
+        plain = build("digits-small", num_queries=5)
+        plain.load_state_dict(inference.state_dict())  # the same weights as a plain DETR's: export unchanged
+        torch.testing.assert_close(plain.eval()(x)["pred_logits"], model(x)["pred_logits"], atol=0, rtol=0)
+
+
+@pytest.mark.slow  # a dynamo export: ~40 s on a busy CPU
+def test_group_detr_exports_to_onnx_with_the_plain_shapes(tmp_path) -> None:
+    """The eval-mode graph of a grouped model exports as the server's (N queries) and matches PyTorch."""
+    import onnxruntime as ort
+
+    from export.onnx_export import export_onnx, parity
+
+    model = _grouped(2).eval()
+    graph = DETRForExport(model).eval()
+    x = torch.randn(3, 1, 128, 128)
+    path = tmp_path / "model.onnx"
+    export_onnx(graph, x[:2], path, output_names=("pred_logits", "pred_boxes"))
+    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    assert [o.shape[1:] for o in session.get_outputs()] == [[5, 11], [5, 4]]
+    assert max(parity(graph, path, [x[:1], x]).values()) < 1e-4
+
+
+def test_a_sigmoid_head_has_no_no_object_output_and_starts_at_the_focal_prior() -> None:
+    """Lin et al. 2017, Sec. 4.1: the class bias starts at -log((1 - 0.01) / 0.01)."""
+    torch.manual_seed(0)
+    model = build("digits-small", classification="sigmoid").eval()
+    with torch.no_grad():
+        out = model(torch.zeros(1, 1, 128, 128))
+    assert out["pred_logits"].shape == (1, 25, 10)
+    torch.testing.assert_close(model.class_embed.bias, torch.full((10,), -math.log(99.0)))
+
+
+def test_config_overrides_parse_to_the_fields_types() -> None:
+    from models.detr import parse_overrides
+
+    assert parse_overrides(["num_queries=100", "num_decoder_layers=6", "dropout=0.1", "aux_loss=false"]) == {
+        "num_queries": 100,
+        "num_decoder_layers": 6,
+        "dropout": 0.1,
+        "aux_loss": False,
+    }
+    assert parse_overrides(["backbone_strides=2,2,1"]) == {"backbone_strides": (2, 2, 1)}
+    with pytest.raises(ValueError, match="DETRConfig field"):
+        parse_overrides(["num_querys=100"])
+    with pytest.raises(ValueError, match="FIELD=VALUE"):
+        parse_overrides(["num_queries"])

@@ -109,3 +109,59 @@ def test_the_loss_has_gradients_for_logits_and_boxes() -> None:
         tensor.requires_grad_(True)
     build_criterion(NUM_CLASSES)(outputs, _targets())["loss"].backward()
     assert outputs["pred_logits"].grad.abs().sum() > 0 and outputs["pred_boxes"].grad.abs().sum() > 0
+
+
+def _sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_sigmoid_focal_loss_by_hand() -> None:
+    """Lin et al. 2017, Eq. 5 with alpha: -alpha_t (1 - p_t)^gamma log p_t, summed."""
+    from models.losses import sigmoid_focal_loss
+
+    logits = torch.tensor([[2.0, -1.0], [0.5, 3.0]])
+    targets = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    p = [[_sigmoid(2.0), _sigmoid(-1.0)], [_sigmoid(0.5), _sigmoid(3.0)]]
+    positive = [0.25 * (1 - p[0][0]) ** 2 * -math.log(p[0][0]), 0.25 * (1 - p[1][1]) ** 2 * -math.log(p[1][1])]
+    negative = [0.75 * p[0][1] ** 2 * -math.log(1 - p[0][1]), 0.75 * p[1][0] ** 2 * -math.log(1 - p[1][0])]
+    assert sigmoid_focal_loss(logits, targets).item() == pytest.approx(sum(positive) + sum(negative), rel=1e-6)
+    # gamma 0 and alpha 0.5: half the binary cross-entropy.
+    bce = torch.nn.functional.binary_cross_entropy_with_logits(logits, targets, reduction="sum")
+    assert sigmoid_focal_loss(logits, targets, alpha=0.5, gamma=0.0).item() == pytest.approx(0.5 * bce.item())
+
+
+def test_the_focal_criterion_by_hand() -> None:
+    """Deformable DETR's class loss: one-hot on the matched query, zeros elsewhere, over num_boxes; weight 2."""
+    logits = torch.tensor([[[1.0, -2.0], [-1.0, 0.0]]])  # (1, 2 queries, 2 classes): no "no object"
+    boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2], [0.1, 0.1, 0.1, 0.1]]])
+    targets = [{"labels": torch.tensor([0]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}]
+    criterion = build_criterion(2, classification="focal")
+    losses = criterion({"pred_logits": logits, "pred_boxes": boxes}, targets)
+
+    def fl(x: float, positive: bool) -> float:
+        p = _sigmoid(x)
+        return 0.25 * (1 - p) ** 2 * -math.log(p) if positive else 0.75 * p**2 * -math.log(1 - p)
+
+    expected = fl(1.0, True) + fl(-2.0, False) + fl(-1.0, False) + fl(0.0, False)  # query 0 matched to class 0
+    assert "loss_ce" not in losses and losses["loss_focal"].item() == pytest.approx(expected / 1, rel=1e-6)
+    assert losses["loss_bbox"].item() == pytest.approx(0.0, abs=1e-6)
+    assert losses["loss"].item() == pytest.approx(2 * expected + 2 * losses["loss_giou"].item(), rel=1e-5)
+    assert losses["cardinality_error"].item() == 0.0  # only query 0 has a class over 0.5
+
+
+def test_groups_are_matched_each_on_its_own_and_averaged() -> None:
+    """Group DETR: every group matched one-to-one; here group 1 is group 0 with its queries reversed."""
+    outputs = _random_outputs(queries=6)
+    single = build_criterion(NUM_CLASSES)(outputs, _targets())
+    grouped_outputs = {k: torch.cat([v, v.flip(1)], dim=1) for k, v in outputs.items()}  # (2, 12, ...)
+    grouped = build_criterion(NUM_CLASSES, num_groups=2)(grouped_outputs, _targets())
+    for name in ("loss_ce", "loss_bbox", "loss_giou", "loss"):
+        assert grouped[name].item() == pytest.approx(single[name].item(), rel=1e-5), name
+    # A second group that is wrong everywhere raises the average.
+    bad = {k: torch.cat([v, torch.zeros_like(v)], dim=1) for k, v in outputs.items()}
+    assert build_criterion(NUM_CLASSES, num_groups=2)(bad, _targets())["loss_bbox"] > single["loss_bbox"]
+
+
+def test_an_unknown_classification_is_refused() -> None:
+    with pytest.raises(ValueError, match="focal"):
+        build_criterion(NUM_CLASSES, classification="hinge")

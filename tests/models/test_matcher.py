@@ -108,3 +108,29 @@ def test_matcher_handles_images_without_objects() -> None:
     (pred0, tgt0), (pred1, tgt1) = build_matcher()(outputs, targets)
     assert len(pred0) == len(tgt0) == 0
     assert len(pred1) == len(tgt1) == 1
+
+
+def test_the_focal_class_cost_by_hand() -> None:
+    """Deformable DETR: alpha (1 - p)^gamma (-log p) - (1 - alpha) p^gamma (-log(1 - p)), p = sigmoid."""
+    import math
+
+    from models.matcher import focal_class_cost
+
+    logits = torch.tensor([[2.0, -1.0, 0.0]])  # one prediction, three classes
+    cost = focal_class_cost(logits, torch.tensor([0, 1]))
+    for j, x in enumerate((2.0, -1.0)):
+        p = 1 / (1 + math.exp(-x))
+        expected = 0.25 * (1 - p) ** 2 * -math.log(p) - 0.75 * p**2 * -math.log(1 - p)
+        assert cost[0, j].item() == pytest.approx(expected, rel=1e-5)
+    assert cost[0, 0] < cost[0, 1]  # the confident class is the cheaper match
+
+
+def test_the_focal_matcher_pairs_by_sigmoid_confidence() -> None:
+    # Two predictions with the same box; only their class scores tell them apart.
+    logits = torch.tensor([[[-4.0, 3.0], [3.0, -4.0]]])  # prediction 0 says class 1, prediction 1 class 0
+    boxes = torch.full((1, 2, 4), 0.3)
+    targets = [{"labels": torch.tensor([0, 1]), "boxes": torch.full((2, 4), 0.3)}]
+    rows, cols = build_matcher(cost_class=2.0, class_cost="focal")(
+        {"pred_logits": logits, "pred_boxes": boxes}, targets
+    )[0]
+    assert dict(zip(rows.tolist(), cols.tolist(), strict=True)) == {0: 1, 1: 0}

@@ -57,10 +57,17 @@ def test_a_tiny_run_writes_what_export_needs_and_resumes(tmp_path) -> None:
     assert json.loads((out / "metrics.json").read_text()) == checkpoint["metrics"] == metrics
     assert 0 <= metrics["test_AP"] <= 1 and metrics["test_images"] == 4 and metrics["steps"] == 4
     assert 0 <= metrics["pretrain_val_accuracy"] <= 1
+    for split in ("val", "test"):  # what users see at threshold 0.5, beside AP
+        assert 0 <= metrics[f"{split}_duplicate_canvas_fraction"] <= 1
+        assert 0 <= metrics[f"{split}_precision"] <= 1 and 0 <= metrics[f"{split}_recall"] <= 1
+    assert checkpoint["postprocess"] == "softmax" and checkpoint["pixel_mask"] is False
+    assert metrics["classification"] == "softmax" and metrics["groups"] == 1 and metrics["inputs"] == "letterbox"
+    assert "cores available" in metrics["device"]
     assert (out / "training_curves.png").stat().st_size > 10_000
 
     last = torch.load(out / "last.pt", weights_only=False)
     assert last["step"] == 4 and [s for s, _ in last["history"]["val AP"]] == [2, 4]
+    assert [s for s, _ in last["history"]["val duplicate_canvas_fraction"]] == [2, 4]
     train(
         out,
         data=None,
@@ -88,3 +95,59 @@ def test_backbone_pretraining_learns_to_tell_digits_apart() -> None:
     result = pretrain_backbone(backbone, steps=150, batch_size=32, lr=3e-3, quiet=True)
     assert result["pretrain_val_accuracy"] > 0.5  # chance is 0.1; 0.77 measured; 0.99 with the recipe's 1,000 steps
     assert any(not torch.equal(a, b) for a, b in zip(before, backbone.parameters(), strict=True))
+
+
+TINY = {"data": None, "steps": 2, "lr_drop": 1, "warmup_steps": 1, "eval_every": 2, "batch_size": 4}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"classification": "focal"},
+        {"groups": 2},
+        {"overrides": {"num_queries": 10, "num_decoder_layers": 4}},
+        {"inputs": "bucket"},
+        {"overrides": {"dn_groups": 2}},
+    ],
+    ids=["focal", "groups", "overrides", "bucket", "denoising"],
+)
+def test_each_recipe_lever_trains_and_writes_what_export_needs(tmp_path, options) -> None:
+    out = tmp_path / "run"
+    metrics = train(out, **TINY, split_sizes=SIZES, pretrain_steps=0, quiet=True, **options)
+    checkpoint = torch.load(out / "checkpoint.pt", weights_only=False)
+    config, state = checkpoint["config"], checkpoint["state_dict"]
+    assert json.loads((out / "metrics.json").read_text()) == checkpoint["metrics"] == metrics
+    assert 0 <= metrics["val_duplicate_canvas_fraction"] <= 1 and 0 <= metrics["test_AP"] <= 1
+    focal = options.get("classification") == "focal"
+    assert checkpoint["postprocess"] == metrics["classification"].replace("focal", "sigmoid")
+    assert checkpoint["labels"] == (LABELS[:-1] if focal else LABELS)
+    assert config["classification"] == ("sigmoid" if focal else "softmax")
+    assert state["class_embed.weight"].shape[0] == (10 if focal else 11)
+    # Group DETR's extra groups are training-only: the checkpoint holds group 0.
+    assert config["num_groups"] == 1 and metrics["groups"] == options.get("groups", 1)
+    assert config["dn_groups"] == 0 and not any(k.startswith("dn_") for k in state)  # DN-DETR: training only
+    queries = options.get("overrides", {}).get("num_queries", 25)
+    assert state["query_embed.weight"].shape == (queries, 128) and config["num_queries"] == queries
+    assert config["num_decoder_layers"] == options.get("overrides", {}).get("num_decoder_layers", 3)
+    masked = options.get("inputs") == "bucket"
+    assert checkpoint["pixel_mask"] is masked and metrics["inputs"] == options.get("inputs", "letterbox")
+    assert checkpoint["preprocessing"]["resize"] == ("pad" if masked else "letterbox")
+
+
+@pytest.mark.slow
+def test_a_schedule_longer_than_a_sitting_resumes_to_the_same_end(tmp_path) -> None:
+    out = tmp_path / "run"
+    options = {**TINY, "steps": 4, "split_sizes": SIZES, "pretrain_steps": 0, "quiet": True}
+    first = train(out, **options, sitting_steps=3)
+    assert first == {"step": 3, "steps": 4} and not (out / "checkpoint.pt").exists()
+    assert torch.load(out / "last.pt", weights_only=False)["step"] == 3
+    metrics = train(out, **options, sitting_steps=3, resume=out / "last.pt")
+    assert metrics["steps"] == 4 and (out / "checkpoint.pt").exists()
+    last = torch.load(out / "last.pt", weights_only=False)
+    assert last["step"] == 4 and len(last["history"]["train loss"]) == 4
+
+
+def test_groups_and_classification_are_not_set_through_overrides(tmp_path) -> None:
+    with pytest.raises(ValueError, match="--groups"):
+        train(tmp_path, **TINY, overrides={"num_groups": 3}, quiet=True)

@@ -76,3 +76,24 @@ def test_position_embedding_can_be_switched_off() -> None:
     model = build("digits", position_embedding=False)
     assert model.pos_embed is None
     assert count(build("digits")) - count(model) == (CONFIGS["digits"].num_patches + 1) * 32
+
+
+def test_deit_adds_a_distillation_token_and_head_and_averages_them() -> None:
+    """DeiT (Touvron et al. 2021, Sec. 5): [class; distillation; patches], two heads, their mean."""
+    torch.manual_seed(0)
+    plain, deit = build("digits"), build("digits", distillation=True).eval()
+    d, k, n = deit.config.hidden_size, deit.config.num_classes, deit.config.num_patches
+    assert deit.config.prefix_tokens == 2 and plain.config.prefix_tokens == 1
+    # one token, its position embedding, one more head
+    assert count(deit) - count(plain) == d + d + (d * k + k)
+    x = torch.randn(3, 1, 8, 8)
+    logits, attention = deit(x, return_attention=True)
+    assert attention.shape == (3, deit.config.depth, deit.config.num_heads, n + 2, n + 2)
+    class_logits, distillation_logits = deit(x, heads=True)
+    assert torch.allclose(logits, (class_logits + distillation_logits) / 2, atol=1e-6)
+    tokens, _ = deit.features(x)
+    pooled, _ = deit.pooled(x)
+    assert torch.allclose(pooled, (tokens[:, 0] + tokens[:, 1]) / 2)
+    assert torch.allclose(deit.head(tokens[:, 0]), class_logits, atol=1e-6)
+    with pytest.raises(ValueError, match="distillation"):
+        plain(x, heads=True)

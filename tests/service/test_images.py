@@ -112,3 +112,35 @@ def test_a_strip_one_pixel_wide_keeps_a_side_of_at_least_one_pixel_under_shortes
     preprocessor = Preprocessor(spec)
     assert preprocessor.content_size(40000, 1) == (1333, 1)  # (width, height); the exact arithmetic gives 0
     assert preprocessor(Image.new("RGB", (40000, 1))).shape == (3, 1, 1333)
+
+
+def test_reading_a_png_header_decodes_no_pixel_and_its_late_exif_still_turns_it(monkeypatch) -> None:
+    """Issue 14: the request path opens each file once; its header count must not decode a PNG
+    (Pillow's getexif loads a PNG to find an eXIf chunk after the pixels)."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image, ImageFile
+
+    from service.images import open_image
+
+    buffer = io.BytesIO()
+    Image.new("L", (30, 20), 200).save(buffer, "PNG")
+    plain = buffer.getvalue()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turn 90 degrees clockwise to display: 30x20 stored is 20x30 displayed
+    payload = exif.tobytes()
+    chunk = struct.pack(">I", len(payload)) + b"eXIf" + payload
+    chunk += struct.pack(">I", zlib.crc32(b"eXIf" + payload))
+    late = plain[:-12] + chunk + plain[-12:]  # eXIf after IDAT, before IEND
+
+    loads = []
+    real_load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loads.append(1) or real_load(self))
+    opened = open_image(late, color_mode="L", max_pixels=10_000)
+    assert loads == [] and opened.pixels == 600
+    decoded = opened.decode((0, 0, 0))
+    assert (decoded.width, decoded.height) == (20, 30) and decoded.image.size == (20, 30)
+    with pytest.raises(RuntimeError, match="decoded already"):
+        opened.decode((0, 0, 0))

@@ -97,6 +97,10 @@ def _schemathesis(url: str, tmp_path: Path, *extra: str) -> subprocess.Completed
         '[[operations]]\ninclude-path-regex = "^/v2/models/.*/infer$"\nwarnings = false\n'
         # detect needs a detector ("path.name" above is a classifier, which detect refuses).
         '[[operations]]\ninclude-path-regex = "/detect$"\nparameters = {"path.name" = "detr-digits"}\n'
+        # unload names a model that is not there (400): unloading vit-digits would turn every later
+        # generated request for it into a 404, and the fuzzing of the other routes into nothing.
+        '[[operations]]\ninclude-path-regex = "/unload$"\n'
+        'parameters = {"path.name" = "no-such-model"}\nwarnings = false\n'
     )
     seed = ["--seed", "1"] if os.environ.get("CI") == "true" else []
     command = [str(SCHEMATHESIS), "--config-file", str(config), "run", url + "/openapi.json", "--checks", CHECKS]

@@ -87,7 +87,7 @@ async def test_health_and_server_metadata() -> None:
     assert meta.json() == {
         "name": "patchserve",
         "version": "0.1.0",
-        "extensions": ["binary_tensor_data", "classification", "model_configuration"],
+        "extensions": ["binary_tensor_data", "classification", "model_configuration", "model_repository"],
     }
 
 

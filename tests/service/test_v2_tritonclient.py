@@ -77,6 +77,7 @@ def test_health_and_metadata_through_tritonclient(server) -> None:
     assert vit["outputs"] == [
         {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
         {"name": "embedding", "datatype": "FP32", "shape": [-1, 32]},  # issue 16: every imported classifier embeds
+        {"name": "attentions", "datatype": "FP32", "shape": [-1, 2, 1, 17, 17]},  # issue 20: heads fused (render=png)
     ]
     detr = client.get_model_metadata("tiny-detr", "1")
     assert detr["inputs"][0]["shape"] == [-1, 3, -1, -1]

@@ -102,8 +102,7 @@ async def serve(
     The request's deadline is set on arrival; once its body is read, a client that disconnects
     cancels the work (its queued images are dropped) and is counted as ``cancelled``.
     """
-    with accounted(request.state) as account:
-        model = repository.get(name, version)
+    with accounted(request.state) as account, repository.use(name, version) as model:  # held until answered
         account.model(model.name, model.version)
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         require_task(model, task)

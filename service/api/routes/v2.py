@@ -51,7 +51,7 @@ from service.tensor_inference import dims, infer_tensors, input_datatype, output
 log = logging.getLogger(__name__)
 
 # The protocol extensions this server implements (reported by server metadata, as Triton does).
-EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration"]
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository"]
 PLATFORM = "onnxruntime_onnx"
 # The protocol's health probes: like /healthz and /readyz, admission never refuses them.
 PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
@@ -236,8 +236,7 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
     cancels the work (its queued rows are dropped), counted as ``cancelled``; a failure of
     ours (an unexpected exception) is counted as ``error`` before the route answers 500.
     """
-    with accounted(request.state) as account:
-        model = (await get_repository(request)).get(name, version)
+    with accounted(request.state) as account, (await get_repository(request)).use(name, version) as model:
         account.model(model.name, model.version)
         arrived = model.batcher.clock.now()
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))

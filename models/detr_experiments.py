@@ -1,0 +1,295 @@
+"""The detr-digits recipe experiments (issue 21): which levers make DETR's sets duplicate-free.
+
+    python -m models.detr_experiments --run focal-100q --threads 1
+
+trains one named recipe of ``RECIPES`` with :func:`models.train_detr.train` into
+``runs/detr-experiments/<name>`` (checkpoints there), and writes its ``metrics.json`` and
+``training_curves.png`` to ``docs/detr-digits-experiments/<name>/`` and the table of every
+finished recipe to ``docs/detr-digits-experiments/results.md`` (and ``results.json``). Each run
+is resumable: run the same command again after an interruption and it continues from
+``last.pt``; ``--sitting-steps N`` stops each call after N steps, so a long schedule is trained
+in several sittings; a finished recipe is not trained again. ``--all`` runs every recipe in
+turn; ``--summary`` only rewrites the table; ``--time-steps`` prints each recipe's CPU seconds
+per training step (:func:`step_seconds`), from which docs/detr-recipe.md estimates the hours.
+
+The recipes (all at the committed recipe's data and schedule unless they say otherwise; all
+but ``baseline-letterbox`` take the canvases at their own size in buckets with the pixel mask,
+issue 18 item 4, so that the chosen one is the one retrain both issues need):
+
+* ``baseline-letterbox``: today's recipe exactly (letterbox, softmax, 25 queries, 3 + 3 layers);
+* ``baseline``: the same on bucketed canvases with the mask;
+* ``focal-100q``: Deformable DETR's sigmoid focal loss with 4x the queries (Zhu et al. 2021);
+* ``group11``: Group DETR, 11 groups of 25 queries in training (Chen et al. 2023, Sec. 4: K = 11);
+* ``focal-50q-group6``: both, 6 groups of 50 sigmoid queries;
+* ``6-decoder-layers``: DETR's decoder depth (Carion et al. 2020 use 6);
+* ``focal-100q-dn5``: ``focal-100q`` with DN-DETR's 5 denoising groups (Li et al. 2022, Sec. 4.1);
+* ``focal-100q-6dec-long``: focal, 100 queries, 6 decoder layers, a 2x schedule (19,000 steps).
+
+The choice (:func:`choose`) is made on the **validation** split, by the duplicate rate first:
+of the recipes with duplicates on fewer than ``DUPLICATE_BAR`` of val canvases, the highest val
+AP; if none is under the bar, the lowest duplicate rate. The test split is reported, not chosen on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+DUPLICATE_BAR = 0.02  # issue 21's acceptance: duplicates on < 2 % of canvases
+BUCKET = {"inputs": "bucket"}
+RECIPES: dict[str, dict[str, Any]] = {
+    "baseline-letterbox": {"inputs": "letterbox"},
+    "baseline": {**BUCKET},
+    "focal-100q": {**BUCKET, "classification": "focal", "overrides": {"num_queries": 100}},
+    "group11": {**BUCKET, "groups": 11},
+    "focal-50q-group6": {**BUCKET, "classification": "focal", "groups": 6, "overrides": {"num_queries": 50}},
+    "6-decoder-layers": {**BUCKET, "overrides": {"num_decoder_layers": 6}},
+    "focal-100q-dn5": {**BUCKET, "classification": "focal", "overrides": {"num_queries": 100, "dn_groups": 5}},
+    "focal-100q-6dec-long": {
+        **BUCKET,
+        "classification": "focal",
+        "overrides": {"num_queries": 100, "num_decoder_layers": 6},
+        "steps": 19_000,
+        "lr_drop": 14_000,
+    },
+}
+# A run small enough to test the runner: seconds, not hours.
+SMOKE = {
+    "steps": 4,
+    "lr_drop": 3,
+    "warmup_steps": 2,
+    "eval_every": 2,
+    "pretrain_steps": 2,
+    "batch_size": 8,
+    "split_sizes": {"train": 32, "val": 8, "test": 8},
+    "data": None,
+}
+REPORTED = (
+    "val_duplicate_canvas_fraction",
+    "val_precision",
+    "val_recall",
+    "val_AP",
+    "val_AP50",
+    "test_duplicate_canvas_fraction",
+    "test_precision",
+    "test_recall",
+    "test_AP",
+    "test_AP50",
+)
+
+
+def command(name: str, threads: int = 1, sitting_steps: int | None = None) -> str:
+    """The shell command that trains (or continues) recipe ``name``."""
+    sitting = f" --sitting-steps {sitting_steps}" if sitting_steps else ""
+    return f"nice python -m models.detr_experiments --run {name} --threads {threads}{sitting}"
+
+
+def train_flags(options: dict[str, Any]) -> str:
+    """A recipe's options as ``models.train_detr`` flags (for the table and the final retrain); ``--set`` last."""
+    flags = [f"--{k.replace('_', '-')} {v}" for k, v in options.items() if k != "overrides"]
+    if options.get("overrides"):
+        flags.append("--set " + " ".join(f"{k}={v}" for k, v in options["overrides"].items()))
+    return " ".join(flags)
+
+
+def run_recipe(
+    name: str,
+    runs: Path,
+    docs: Path,
+    *,
+    threads: int = 1,
+    sitting_steps: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any] | None:
+    """Train (or resume, or skip when finished) recipe ``name``; copy its metrics and curves to ``docs``.
+
+    Args:
+        runs: where the runs' checkpoints go (``<runs>/<name>/``).
+        docs: where the committed metrics and curves go (``<docs>/<name>/``).
+        extra: :func:`models.train_detr.train` arguments over the recipe's (``SMOKE`` in tests).
+
+    Returns:
+        The run's metrics, or None when this sitting stopped before the schedule's end.
+    """
+    from models.train_detr import train
+
+    out, shown = runs / name, docs / name
+    if (out / "metrics.json").exists() and (out / "checkpoint.pt").exists():
+        metrics = json.loads((out / "metrics.json").read_text())
+        log.info("%s: finished before, not trained again", name)
+    else:
+        options = {**RECIPES[name], **(extra or {})}
+        resume = out / "last.pt" if (out / "last.pt").exists() else None
+        if resume is not None:
+            log.info("%s: resuming from %s", name, resume)
+        recipe = (
+            f"python -m models.detr_experiments --run {name} (= python -m models.train_detr {train_flags(options)})"
+        )
+        metrics = train(
+            out, threads=threads, resume=resume, sitting_steps=sitting_steps, quiet=False, recipe=recipe, **options
+        )
+        if "test_AP" not in metrics:
+            log.info("%s: stopped at step %d of %d; run again to continue", name, metrics["step"], metrics["steps"])
+            return None
+    shown.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(out / "metrics.json", shown / "metrics.json")
+    shutil.copyfile(out / "training_curves.png", shown / "training_curves.png")
+    return metrics
+
+
+def step_seconds(
+    name: str, *, steps: int = 12, warmup: int = 2, canvases: int = 1600, batch_size: int = 32
+) -> dict[str, float]:
+    """CPU and wall seconds per training step of recipe ``name`` (the estimates in docs/detr-recipe.md).
+
+    Full batches of ``batch_size`` from ``canvases`` generated train canvases, the recipe's model,
+    loss and input format, one optimiser step each; the first ``warmup`` steps are not counted.
+    """
+    import os
+    import time
+
+    import torch
+
+    from models.detection_data import make_split
+    from models.detr import build
+    from models.detr_inputs import INPUT_FORMATS, epoch_batches
+    from models.losses import CLASSIFICATIONS, build_criterion
+
+    options = RECIPES[name]
+    form = INPUT_FORMATS[options.get("inputs", "letterbox")]
+    classification, groups = options.get("classification", "softmax"), options.get("groups", 1)
+    torch.manual_seed(0)
+    model = build(
+        "digits-small",
+        **options.get("overrides", {}),
+        classification=CLASSIFICATIONS[classification].head,
+        num_groups=groups,
+    ).train()
+    criterion = build_criterion(model.config.num_classes, classification=classification, num_groups=groups)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    prepared = form.prepare(make_split("train", canvases))
+    generator = torch.Generator().manual_seed(0)
+    batches: list = []
+    while len(batches) < steps + warmup:
+        batches += [b for b in epoch_batches(prepared.buckets, batch_size, generator) if len(b) == batch_size]
+    cpu = wall = 0.0
+    for i, index in enumerate(batches[: steps + warmup]):
+        cpu_start, wall_start = time.process_time(), time.perf_counter()
+        images, mask, targets = form.batch(prepared, index)
+        loss = criterion(model(images, mask, targets), targets)["loss"]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        if i >= warmup:
+            cpu += time.process_time() - cpu_start
+            wall += time.perf_counter() - wall_start
+    return {"cpu_seconds": cpu / steps, "wall_seconds": wall / steps, "load": os.getloadavg()[0]}
+
+
+def collect(docs: Path) -> dict[str, dict[str, Any]]:
+    """The metrics of every finished recipe under ``docs``, by name, in ``RECIPES`` order."""
+    found = {}
+    for name in RECIPES:
+        path = docs / name / "metrics.json"
+        if path.exists():
+            found[name] = json.loads(path.read_text())
+    return found
+
+
+def choose(results: dict[str, dict[str, Any]]) -> str | None:
+    """The recipe to retrain with, by the val duplicate rate first, then val AP (see the module doc)."""
+    if not results:
+        return None
+    under = [n for n, m in results.items() if m["val_duplicate_canvas_fraction"] < DUPLICATE_BAR]
+    if under:
+        return max(under, key=lambda n: results[n]["val_AP"])
+    return min(results, key=lambda n: (results[n]["val_duplicate_canvas_fraction"], -results[n]["val_AP"]))
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    """The finished recipes as a Markdown table, the chosen one marked."""
+    chosen = choose(results)
+    lines = [
+        "| recipe | flags | val duplicates | val precision | val recall | val AP | val AP50 | "
+        "test duplicates | test precision | test recall | test AP | test AP50 | steps | CPU s / step |",
+        "| --- | --- |" + " --- |" * 12,
+    ]
+    for name, m in results.items():
+        mark = " (chosen)" if name == chosen else ""
+        values = [f"{m[k]:.1%}" if "duplicate" in k else f"{m[k]:.3f}" for k in REPORTED]
+        per_step = m["train_cpu_seconds"] / max(m["steps"], 1)
+        lines.append(
+            f"| {name}{mark} | `{train_flags(RECIPES[name])}` | {' | '.join(values)} | {m['steps']} | {per_step:.2f} |"
+        )
+    return "\n".join(lines)
+
+
+def write_summary(docs: Path) -> dict[str, Any]:
+    """Rewrite ``results.md`` and ``results.json`` under ``docs`` from the finished recipes."""
+    results = collect(docs)
+    summary = {
+        "chosen": choose(results),
+        "rule": f"val duplicates < {DUPLICATE_BAR:.0%}, then the highest val AP; else the fewest val duplicates",
+        "recipes": {n: {"options": RECIPES[n], **{k: m[k] for k in REPORTED}} for n, m in results.items()},
+    }
+    docs.mkdir(parents=True, exist_ok=True)
+    (docs / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    pending = [n for n in RECIPES if n not in results]
+    text = table(results)
+    if pending:
+        text += "\n\nNot run yet: " + ", ".join(f"`{command(n)}`" for n in pending)
+    (docs / "results.md").write_text(text + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    which = parser.add_mutually_exclusive_group(required=True)
+    which.add_argument("--run", choices=sorted(RECIPES), help="train (or continue) one recipe")
+    which.add_argument("--all", action="store_true", help="every recipe in turn")
+    which.add_argument("--summary", action="store_true", help="only rewrite the results table")
+    which.add_argument("--time-steps", action="store_true", help="print each recipe's seconds per step")
+    parser.add_argument("--runs", type=Path, default=Path("runs/detr-experiments"), help="checkpoints")
+    parser.add_argument("--docs", type=Path, default=Path("docs/detr-digits-experiments"), help="metrics, curves")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--sitting-steps", type=int, default=None, help="stop each call after this many steps")
+    parser.add_argument("--smoke", action="store_true", help="a few steps on a few canvases (tests the runner)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.time_steps:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        for name in RECIPES:
+            timing = step_seconds(name)
+            print(
+                f"{name}: {timing['cpu_seconds']:.3f} CPU s, {timing['wall_seconds']:.3f} s per step "
+                f"(load {timing['load']:.1f})",
+                flush=True,
+            )
+        return
+    names = [] if args.summary else list(RECIPES) if args.all else [args.run]
+    for name in names:
+        finished = run_recipe(
+            name,
+            args.runs,
+            args.docs,
+            threads=args.threads,
+            sitting_steps=args.sitting_steps,
+            extra=SMOKE if args.smoke else None,
+        )
+        if finished is None:
+            break  # a sitting ends with its first unfinished recipe
+    summary = write_summary(args.docs)
+    print(table(collect(args.docs)))
+    print(f"chosen: {summary['chosen']}")
+
+
+if __name__ == "__main__":
+    main()
