@@ -6,6 +6,7 @@
 #   make profile where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
 #   make gpu-kit the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
 #   make bench-tracing  what OpenTelemetry tracing costs at c=16, off and on in interleaved rounds (bench/tracing.py)
+#   make bench-detectors  one end-to-end run per DETR-family preset (bench/hf_detectors.py, docs/detectors.md)
 
 PYTHON ?= python3
 SERVE_VENV := .venv-serve
@@ -14,7 +15,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing
+.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing bench-detectors
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -107,6 +108,12 @@ bench: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 # On a quiet machine only: it voids rounds where other processes took CPU. TRACING_ARGS=... passes options.
 bench-tracing: $(DEV_VENV)/.installed-bench bench-tools
 	$(DEV_VENV)/bin/python -m bench.tracing $(TRACING_ARGS)
+
+# The realistic random-weight DETR-family presets, each imported, served and timed (ms/image at batch 1
+# and 4); rounds with foreign CPU load are marked LOADED. DETECTOR_PRESETS=... picks them.
+DETECTOR_PRESETS ?= rtdetr-r50vd rtdetr-v2-r50vd dfine-xlarge lwdetr-small rf-detr-base yolos-tiny conditional-detr-resnet-50
+bench-detectors: $(DEV_VENV)/.installed-bench $(SERVE_VENV)/.installed-$(ORT)
+	$(DEV_VENV)/bin/python -m bench.hf_detectors $(DETECTOR_PRESETS)
 
 profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.profile $(PROFILE_ARGS)

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -134,13 +135,14 @@ def _per_channel(value: Any, name: str) -> list[float]:
     return values
 
 
-def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Preprocessing:
+def preprocessing_from_processor(processor: dict[str, Any], task: str | _Head) -> Preprocessing:
     """The manifest's preprocessing for a transformers image processor's config.
 
     Args:
         processor: ``preprocessor_config.json`` of a ViT, DeiT or DETR image processor.
         task: a classifier's task name (a bare int ``size`` is a square, as ViT/DeiT read it)
-            or a detector's (a bare int is DETR's shortest edge, ``max_size`` its longest).
+            or a detector's (a bare int is DETR's shortest edge, ``max_size`` its longest), or the
+            architecture's :class:`_Head` (its processor's defaults).
 
     Returns:
         RGB preprocessing: ``stretch`` for ``{"height", "width"}``, ``shortest_edge`` for
@@ -184,8 +186,8 @@ def preprocessing_from_processor(processor: dict[str, Any], task: str) -> Prepro
     )
 
 
-def labels_from_config(config: dict[str, Any], task: str) -> list[str]:
-    """Class index -> name from ``id2label``; detection appends the no-object class last."""
+def labels_from_config(config: dict[str, Any], task: str | _Head) -> list[str]:
+    """Class index -> name from ``id2label``; a no-object detector (DETR's head) appends that class last."""
     id2label = {int(k): str(v) for k, v in (config.get("id2label") or {}).items()}
     count = max(len(id2label), int(config.get("num_labels", 0) or 0))
     labels = [id2label.get(i, f"LABEL_{i}") for i in range(count)]
@@ -265,6 +267,9 @@ class _Head:
     no_attention_reason: str | None = None
     class_map_grid: Callable[[dict[str, Any], tuple[int, int]], tuple[int, int]] | None = None
     note: Callable[[dict[str, Any]], str] | None = None
+    task_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    check: Callable[[dict[str, Any], Path], None] | None = None
+    exporting: Callable[[nn.Module], AbstractContextManager[Any]] | None = None
 
 
 def register(architecture: str, head: _Head) -> None:
@@ -297,6 +302,7 @@ _DETECTOR = _Head(
     square=False,
     no_object=True,
     crop=False,
+    check=lambda config, folder: check_backbone(config, folder),
 )
 HEADS = {
     "ViTForImageClassification": _CLASSIFIER,
@@ -308,7 +314,9 @@ TASKS = {architecture: head.task for architecture, head in HEADS.items()}  # arc
 REFUSED: dict[str, str] = {}  # architecture -> why it is refused (named in the refusal)
 
 
-def _head(task: str) -> _Head:
+def _head(task: str | _Head) -> _Head:
+    if isinstance(task, _Head):
+        return task
     return next(head for head in HEADS.values() if head.task == task)
 
 
@@ -358,10 +366,10 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     processor = _read_json(folder / "preprocessor_config.json")
     architecture = architecture_of(config, folder)
     head = HEADS[architecture]
-    if head is _DETECTOR:
-        check_backbone(config, folder)
-    preprocessing = preprocessing_from_processor(processor, head.task)
-    labels = labels_from_config(config, head.task)
+    if head.check is not None:
+        head.check(config, folder)
+    preprocessing = preprocessing_from_processor(processor, head)
+    labels = labels_from_config(config, head)
     model = load_model(folder, architecture, eager=head.prefix_tokens is not None)
     wrapper = head.wrapper(model)
     output_names = head.outputs
@@ -374,7 +382,8 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     if width != len(labels):
         raise ImportRefused(f"{folder}: the model outputs {width} classes but id2label gives {len(labels)} labels")
     path = out / "model.onnx"
-    export_onnx(wrapper, batches[-1], path, output_names=output_names, dynamic_hw=preprocess.dynamic, opset=opset)
+    with head.exporting(model) if head.exporting else nullcontext():
+        export_onnx(wrapper, batches[-1], path, output_names=output_names, dynamic_hw=preprocess.dynamic, opset=opset)
     diffs = parity(wrapper, path, batches)
 
     c, h, w = preprocess.output_shape
@@ -410,6 +419,7 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, *hw]),
         outputs=list(output_names),
         roles=head.roles,
+        task_options=head.task_options(config) if head.task_options else None,
         preprocessing=preprocessing,
         labels=labels,
         provenance=Provenance(
@@ -427,5 +437,6 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     return manifest
 
 
-# The backbone families (DINOv2, Swin, Swinv2, BEiT) register themselves into HEADS.
-from export import hf_backbones  # noqa: E402, F401
+# The backbone families (DINOv2, Swin, Swinv2, BEiT) and the DETR family (YOLOS, Conditional and
+# Deformable DETR, RT-DETR v1/v2, D-FINE, LW-DETR, RF-DETR) register themselves into HEADS.
+from export import hf_backbones, hf_detectors  # noqa: E402, F401

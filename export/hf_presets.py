@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,10 @@ PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     ),
 }
 
+# preset -> a step after transformers' initialisation, (model, seed) -> None (the DETR family's, in
+# export.hf_detector_presets, which adds its presets to PRESETS and its steps here)
+AFTER_INIT: dict[str, Callable[[Any, int], None]] = {}
+
 
 def build(name: str, out: Path, *, seed: int = 0) -> Path:
     """Write the random-weight checkpoint ``name`` to ``out`` (a ``save_pretrained`` folder).
@@ -209,6 +214,8 @@ def build(name: str, out: Path, *, seed: int = 0) -> Path:
     config = transformers.AutoConfig.from_pretrained(str(out), local_files_only=True)
     torch.manual_seed(seed)
     model = getattr(transformers, config_dict["architectures"][0])(config).eval()
+    if name in AFTER_INIT:  # a preset whose random initialisation needs one more step (export.hf_detector_presets)
+        AFTER_INIT[name](model, seed)
     model.save_pretrained(str(out))
     (out / "config.json").write_text(json.dumps({"_name_or_path": f"random-weight {name}", **config_dict}, indent=2))
     (out / "preprocessor_config.json").write_text(json.dumps(processor, indent=2))
@@ -224,8 +231,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"wrote {build(args.name, args.out, seed=args.seed)}")
 
 
-# The backbone families' presets (DINOv2, Swin, Swinv2, BEiT) join PRESETS from their own module.
-from export import hf_backbones  # noqa: E402, F401
+# The backbone families' presets (DINOv2, Swin, Swinv2, BEiT) and the DETR family's join PRESETS
+# from their own modules.
+from export import hf_backbones, hf_detector_presets  # noqa: E402, F401
 
 if __name__ == "__main__":
-    main()
+    from export.hf_presets import main as registered_main  # this module as imported, with every family's presets
+
+    registered_main()

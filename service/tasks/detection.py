@@ -1,9 +1,11 @@
-"""Detection: DETR's set prediction read directly (no NMS), and the detections drawn on the image.
+"""Detection: a set predictor's output read directly (no NMS), and the detections drawn on the image.
 
 Route ``POST /v1/models/{name}/detect?threshold=0.5&max_detections=100``; output roles
-``logits`` (B, Q, num_classes + 1, no-object last) and ``boxes`` (B, Q, 4), normalised
-(cx, cy, w, h) of the model input. The post-processing's variant is the manifest's
-``task_options.scores`` (only ``"softmax"``, DETR's with a no-object class, so far).
+``logits`` (B, Q, C) and ``boxes`` (B, Q, 4), normalised (cx, cy, w, h) of the model input.
+The post-processing's variant is the manifest's ``task_options``: ``scores`` names a rule of
+:mod:`service.tasks.detection_scores` (``"softmax"``, DETR's and YOLOS's, with C = classes + the
+no-object class last; the default, so manifests without ``task_options`` keep DETR's reading; or
+``"sigmoid_top_k"``, the focal-loss detectors', C = classes) and ``top_k`` its candidate count.
 
 The picture (``render=png``) is the image as the client displays it (EXIF orientation applied,
 full size), in the colour mode the model reads, with each detection's box outlined and its
@@ -19,11 +21,11 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.postprocess import softmax
 from service.render import displayed_canvas, png_bytes
-from service.tasks.base import BaseTask, output, register, result_schema
+from service.tasks.base import BaseTask, options, output, register, result_schema
+from service.tasks.detection_scores import RULES
 
 if TYPE_CHECKING:
     from service.inference import ImageOutcome
@@ -40,38 +42,49 @@ def detect(
     max_detections: int,
     box_scale: tuple[float, float],
     image_size: tuple[int, int],
+    scores: str = "softmax",
+    top_k: int | None = None,
 ) -> list[dict[str, Any]]:
-    """DETR's set prediction for one image, read directly: no NMS, no matching.
+    """A set predictor's detections for one image, read directly: no NMS, no matching.
 
-    Each query's class probabilities are a softmax over all classes; its best class other than
-    "no object" (the last) and that class's probability are its label and score (DETR's
-    ``PostProcess``). Queries scoring at least ``threshold`` are kept, best first.
+    The score rule ``scores`` (:data:`service.tasks.detection_scores.RULES`) turns the class
+    logits into (query, class, score) candidates, best first: ``"softmax"`` is DETR's
+    ``PostProcess`` (each query's best class other than "no object", the last column);
+    ``"sigmoid_top_k"`` the ``top_k`` best (query, class) pairs by sigmoid, as Deformable DETR's,
+    RT-DETR's and their successors' processors take them. Candidates scoring at least
+    ``threshold`` are kept, at most ``max_detections``, each with its query's box.
 
     Args:
-        logits: float (num_queries, num_classes + 1) raw class scores, "no object" last.
+        logits: float (num_queries, C) raw class scores: C = ``len(labels)``, "no object" last
+            for a rule with a no-object class.
         boxes: float (num_queries, 4) boxes (cx, cy, w, h) normalised to [0, 1] of the model's
             input frame.
-        labels: class index -> name, ``len(labels) == num_classes + 1``, "no object" last.
+        labels: class index -> name (with "no object" last for such a rule).
         threshold: the lowest score kept, in [0, 1].
         max_detections: the most detections returned, >= 1 (the best ones).
         box_scale: (sx, sy), pixels of the displayed image per unit of normalised input
             coordinate (:meth:`service.preprocess.Preprocessor.box_scale`).
         image_size: (width, height) of the displayed image; boxes are clipped to it.
+        scores: the score rule's name.
+        top_k: the rule's candidate count (None: its default; unused by ``"softmax"``).
 
     Returns:
         ``[{"label", "class_id", "score", "box": {"xmin", "ymin", "xmax", "ymax"}}, ...]``,
         boxes in pixels of the displayed image (x right, y down, edges), sorted by score
-        descending (ties keep the lower query index first).
+        descending (ties keep the lower query index, then class index, first).
+
+    Raises:
+        ValueError: shapes that do not match the labels, or an unknown rule.
     """
     if logits.ndim != 2 or logits.shape[1] != len(labels) or boxes.shape != (logits.shape[0], 4):
         raise ValueError(f"expected logits (Q, {len(labels)}) and boxes (Q, 4), got {logits.shape} and {boxes.shape}")
-    probabilities = softmax(logits)[:, :-1]  # (Q, num_classes): "no object" dropped
-    class_ids = np.argmax(probabilities, axis=1)  # (Q,)
-    scores = probabilities[np.arange(len(class_ids)), class_ids]  # (Q,)
-    order = np.argsort(-scores, kind="stable")
-    order = order[scores[order] >= threshold][:max_detections]
+    if scores not in RULES:
+        raise ValueError(f"unknown score rule {scores!r}; known: {', '.join(RULES)}")
+    queries, class_ids, kept = RULES[scores].select(
+        logits, threshold=threshold, max_detections=max_detections, top_k=top_k
+    )  # each (K,)
 
-    cx, cy, w, h = boxes[order].astype(np.float64).T  # each (K,)
+    cx, cy, w, h = boxes[queries].astype(np.float64).T  # each (K,): the candidates' query boxes
     sx, sy = box_scale
     width, height = image_size
     xmin = np.clip((cx - w / 2) * sx, 0, width)
@@ -85,7 +98,7 @@ def detect(
             "score": float(s),
             "box": {"xmin": float(x0), "ymin": float(y0), "xmax": float(x1), "ymax": float(y1)},
         }
-        for c, s, x0, y0, x1, y1 in zip(class_ids[order], scores[order], xmin, ymin, xmax, ymax, strict=True)
+        for c, s, x0, y0, x1, y1 in zip(class_ids, kept, xmin, ymin, xmax, ymax, strict=True)
     ]
 
 
@@ -159,19 +172,39 @@ class DetectParams(BaseModel):
 
 
 class DetectOptions(BaseModel):
-    """The manifest's ``task_options`` for a detector: which post-processing its outputs need."""
+    """The manifest's ``task_options`` for a detector: which post-processing its outputs need.
+
+    The defaults are DETR's reading, so a manifest without ``task_options`` keeps it.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    scores: Literal["softmax"] = Field(
-        "softmax", description="softmax over classes with the no-object class last (DETR, YOLOS)"
+    scores: str = Field(
+        "softmax",
+        description="the score rule (service.tasks.detection_scores): 'softmax' over classes with the no-object "
+        "class last (DETR, YOLOS), or 'sigmoid_top_k', a sigmoid per (query, class) and the top_k best pairs "
+        "(Deformable/Conditional DETR, RT-DETR, D-FINE, LW-DETR, RF-DETR)",
     )
+    top_k: int | None = Field(
+        None, ge=1, description="sigmoid_top_k: candidates over queries x classes (None: the number of queries)"
+    )
+    box_format: Literal["cxcywh"] = Field(
+        "cxcywh", description="the boxes output: (cx, cy, w, h) normalised to [0, 1] of the model input"
+    )
+
+    @model_validator(mode="after")
+    def _known_rule(self) -> DetectOptions:
+        if self.scores not in RULES:
+            raise ValueError(f"scores {self.scores!r} is not a score rule; known: {', '.join(RULES)}")
+        if self.top_k is not None and not RULES[self.scores].takes_top_k:
+            raise ValueError(f"scores {self.scores!r} takes no top_k")
+        return self
 
 
 _PIXELS = {"type": "number", "minimum": 0, "description": "pixels of the displayed image"}
 _DETECTIONS = {
     "type": "array",
-    "description": "DETR's set prediction read directly (no NMS), best score first.",
+    "description": "The set prediction read directly (no NMS), by the manifest's score rule, best score first.",
     "items": {
         "type": "object",
         "required": ["label", "class_id", "score", "box"],
@@ -202,18 +235,23 @@ class Detection(BaseTask):
     picture_help = "the image with its detections drawn"
 
     def check_manifest(self, manifest: Manifest) -> None:
-        """A detector takes no crop: its boxes map back through the whole input frame.
+        """A detector takes no crop (boxes map back through the whole input frame); no-object needs its label.
 
         Raises:
-            ValueError: ``center_crop`` or ``crop_size`` in its preprocessing.
+            ValueError: ``center_crop`` or ``crop_size`` in its preprocessing, or a score rule with a
+                no-object class and fewer than 2 labels.
         """
         if manifest.preprocessing.resize == "center_crop" or manifest.preprocessing.crop_size:
             raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
+        rule = RULES[options(manifest).scores]
+        if rule.no_object and len(manifest.labels) < 2:
+            raise ValueError(f"scores {rule.name!r} needs the classes and the no-object class last in labels")
 
     def fields(self, model: ModelVersion, outcome: ImageOutcome, params: DetectParams) -> dict[str, Any]:
         """``{"detections": [...]}`` in pixels of the image as displayed (EXIF applied), clipped to it."""
         decoded = outcome.image
         displayed = (decoded.width, decoded.height)
+        rule = options(model.manifest)
         detections = detect(
             output(model, outcome, "logits"),
             output(model, outcome, "boxes"),
@@ -222,6 +260,8 @@ class Detection(BaseTask):
             max_detections=params.max_detections,
             box_scale=model.preprocessor.box_scale(decoded.size, displayed),
             image_size=displayed,
+            scores=rule.scores,
+            top_k=rule.top_k,
         )
         return {"detections": detections}
 
