@@ -10,7 +10,7 @@ anchors and no non-maximum suppression.
 
 Two training variants, both one-to-one at inference (no NMS):
 
-* ``classification="sigmoid"``: the class head has ``num_classes`` outputs and no "no object"
+* ``class_head="sigmoid"``: the class head has ``num_classes`` outputs and no "no object"
   class, each an independent sigmoid trained with the focal loss (Lin et al. 2017, as
   Deformable DETR does: Zhu et al. 2021, Sec. 4.1 and appendix A.2); its bias starts at
   ``-log((1 - 0.01) / 0.01)`` (Lin et al. 2017, Sec. 4.1, "Initialization").
@@ -57,7 +57,7 @@ class DETRConfig:
         in_channels: 1 (grayscale) or 3 (RGB).
         image_size: (height, width) the model is trained and exported at, in pixels.
         aux_loss: return every decoder layer's predictions for the auxiliary losses.
-        classification: "softmax" (DETR: num_classes + 1 outputs, "no object" last) or
+        class_head: "softmax" (DETR: num_classes + 1 outputs, "no object" last) or
             "sigmoid" (Deformable DETR's focal form: num_classes outputs, no "no object").
         num_groups: Group DETR's query groups in training (1: plain DETR).
         dn_groups, dn_label_noise, dn_box_noise: DN-DETR's denoising groups in training (0:
@@ -79,7 +79,7 @@ class DETRConfig:
     in_channels: int = 3
     image_size: tuple[int, int] = (800, 800)
     aux_loss: bool = True
-    classification: Literal["softmax", "sigmoid"] = "softmax"
+    class_head: Literal["softmax", "sigmoid"] = "softmax"
     num_groups: int = 1
     dn_groups: int = 0
     dn_label_noise: float = 0.2
@@ -136,7 +136,7 @@ class DETR(nn.Module):
     processor's convention; padding at the bottom and right), and returns a dict:
 
     * ``pred_logits``: (B, num_queries, num_classes + 1) raw class scores, the last column
-      "no object" (``classification="sigmoid"``: (B, num_queries, num_classes), no "no object");
+      "no object" (``class_head="sigmoid"``: (B, num_queries, num_classes), no "no object");
     * ``pred_boxes``: (B, num_queries, 4) boxes (cx, cy, w, h) in [0, 1], relative to the
       input's width and height;
     * ``aux_outputs`` (only with ``aux_loss``): the same two for every decoder layer but the
@@ -175,7 +175,7 @@ class DETR(nn.Module):
         if config.num_groups < 1:
             raise ValueError(f"num_groups must be >= 1, got {config.num_groups}")
         self.query_embed = nn.Embedding(config.num_queries * config.num_groups, d)
-        no_object = config.classification == "softmax"
+        no_object = config.class_head == "softmax"
         self.class_embed = nn.Linear(d, config.num_classes + no_object)
         if not no_object:
             nn.init.constant_(self.class_embed.bias, -math.log((1 - FOCAL_PRIOR) / FOCAL_PRIOR))

@@ -46,14 +46,14 @@ BUCKET = {"inputs": "bucket"}
 RECIPES: dict[str, dict[str, Any]] = {
     "baseline-letterbox": {"inputs": "letterbox"},
     "baseline": {**BUCKET},
-    "focal-100q": {**BUCKET, "classification": "focal", "overrides": {"num_queries": 100}},
+    "focal-100q": {**BUCKET, "class_loss": "focal", "overrides": {"num_queries": 100}},
     "group11": {**BUCKET, "groups": 11},
-    "focal-50q-group6": {**BUCKET, "classification": "focal", "groups": 6, "overrides": {"num_queries": 50}},
+    "focal-50q-group6": {**BUCKET, "class_loss": "focal", "groups": 6, "overrides": {"num_queries": 50}},
     "6-decoder-layers": {**BUCKET, "overrides": {"num_decoder_layers": 6}},
-    "focal-100q-dn5": {**BUCKET, "classification": "focal", "overrides": {"num_queries": 100, "dn_groups": 5}},
+    "focal-100q-dn5": {**BUCKET, "class_loss": "focal", "overrides": {"num_queries": 100, "dn_groups": 5}},
     "focal-100q-6dec-long": {
         **BUCKET,
-        "classification": "focal",
+        "class_loss": "focal",
         "overrides": {"num_queries": 100, "num_decoder_layers": 6},
         "steps": 19_000,
         "lr_drop": 14_000,
@@ -163,15 +163,15 @@ def step_seconds(
 
     options = RECIPES[name]
     form = INPUT_FORMATS[options.get("inputs", "letterbox")]
-    classification, groups = options.get("classification", "softmax"), options.get("groups", 1)
+    class_loss, groups = options.get("class_loss", "softmax"), options.get("groups", 1)
     torch.manual_seed(0)
     model = build(
         "digits-small",
         **options.get("overrides", {}),
-        classification=CLASSIFICATIONS[classification].head,
+        class_head=CLASSIFICATIONS[class_loss].head,
         num_groups=groups,
     ).train()
-    criterion = build_criterion(model.config.num_classes, classification=classification, num_groups=groups)
+    criterion = build_criterion(model.config.num_classes, class_loss=class_loss, num_groups=groups)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     prepared = form.prepare(make_split("train", canvases))
     generator = torch.Generator().manual_seed(0)

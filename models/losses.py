@@ -10,7 +10,7 @@ After the Hungarian matcher pairs predictions with targets:
 * the total is ``1 * CE + 5 * L1 + 2 * GIoU``, and the same losses are added for every
   intermediate decoder layer (the auxiliary decoding losses, Sec. 3.2), each matched afresh.
 
-The classification's form is one entry of ``CLASSIFICATIONS``: ``"softmax"`` (DETR, above) or
+The class loss's form is one entry of ``CLASSIFICATIONS``: ``"softmax"`` (DETR, above) or
 ``"focal"`` (Deformable DETR, Zhu et al. 2021, Sec. 4.1 / appendix A.2: a sigmoid per class
 and no "no object" class, the sigmoid focal loss of Lin et al. 2017, Eq. 5, with alpha 0.25 and
 gamma 2 over every query and class, summed and divided by the number of target boxes, weight 2,
@@ -42,7 +42,7 @@ class Classification:
     """One form of the class loss, and what goes with it.
 
     Attributes:
-        head: :class:`models.detr.DETRConfig`'s ``classification`` (the class head's outputs).
+        head: :class:`models.detr.DETRConfig`'s ``class_head`` (the class head's outputs).
         class_cost: the matcher's class term (:data:`models.matcher.CLASS_COSTS`).
         cost_class: the matcher's class weight.
         loss: the class loss's name in the losses and ``weights``.
@@ -102,7 +102,7 @@ class SetCriterion(nn.Module):
         matcher: the prediction-target matcher.
         eos_coef: the cross-entropy weight of the "no object" class (0.1 in the paper).
         weights: weight of each loss in the total (DETR's 1, 5, 2).
-        classification: a key of ``CLASSIFICATIONS``.
+        class_loss: a key of ``CLASSIFICATIONS``.
         num_groups: Group DETR's query groups in the outputs (training outputs: K * N queries).
     """
 
@@ -112,20 +112,20 @@ class SetCriterion(nn.Module):
         matcher: HungarianMatcher,
         eos_coef: float = 0.1,
         weights: dict[str, float] | None = None,
-        classification: str = "softmax",
+        class_loss: str = "softmax",
         num_groups: int = 1,
     ) -> None:
         super().__init__()
-        if classification not in CLASSIFICATIONS:
-            raise ValueError(f"unknown classification {classification!r}; known: {sorted(CLASSIFICATIONS)}")
+        if class_loss not in CLASSIFICATIONS:
+            raise ValueError(f"unknown class_loss {class_loss!r}; known: {sorted(CLASSIFICATIONS)}")
         self.num_classes = num_classes
         self.matcher = matcher
-        self.classification = CLASSIFICATIONS[classification]
+        self.class_loss = CLASSIFICATIONS[class_loss]
         self.num_groups = num_groups
         self.weights = dict(weights or WEIGHTS)
-        if self.classification.loss != "loss_ce":
+        if self.class_loss.loss != "loss_ce":
             self.weights.pop("loss_ce", None)
-            self.weights.setdefault(self.classification.loss, self.classification.weight)
+            self.weights.setdefault(self.class_loss.loss, self.class_loss.weight)
         empty_weight = torch.ones(num_classes + 1)
         empty_weight[-1] = eos_coef
         self.register_buffer("empty_weight", empty_weight)
@@ -173,7 +173,7 @@ class SetCriterion(nn.Module):
         self, outputs: dict[str, torch.Tensor], targets: list[dict[str, torch.Tensor]]
     ) -> torch.Tensor:
         """Mean |predicted - true object count| per image, predicted = argmax not "no object" (logged only)."""
-        if self.classification.postprocess == "sigmoid":  # a query counts when a class passes 0.5
+        if self.class_loss.postprocess == "sigmoid":  # a query counts when a class passes 0.5
             predicted = (outputs["pred_logits"].max(-1).values > 0).sum(1).float()  # (B,)
         else:
             predicted = (outputs["pred_logits"].argmax(-1) != self.num_classes).sum(1).float()  # (B,)
@@ -195,7 +195,7 @@ class SetCriterion(nn.Module):
         norm = num_boxes * groups
         labels, target = dn["target_labels"][valid], dn["target_boxes"][valid]  # (V,), (V, 4)
         pred = layer["pred_boxes"][valid]  # (V, 4)
-        if self.classification.loss == "loss_focal":
+        if self.class_loss.loss == "loss_focal":
             logits = layer["pred_logits"][valid]  # (V, num_classes)
             onehot = torch.zeros_like(logits)
             onehot[torch.arange(len(labels)), labels] = 1.0
@@ -221,7 +221,7 @@ class SetCriterion(nn.Module):
         ):
             group = {"pred_logits": logits, "pred_boxes": boxes}
             indices = self.matcher(group, targets)
-            if self.classification.loss == "loss_focal":
+            if self.class_loss.loss == "loss_focal":
                 labels = self.loss_labels_focal(group, targets, indices, num_boxes)
             else:
                 labels = self.loss_labels(group, targets, indices)
@@ -265,16 +265,16 @@ class SetCriterion(nn.Module):
 
 
 def build_criterion(
-    num_classes: int, eos_coef: float = 0.1, classification: str = "softmax", num_groups: int = 1
+    num_classes: int, eos_coef: float = 0.1, class_loss: str = "softmax", num_groups: int = 1
 ) -> SetCriterion:
     """DETR's criterion: matcher costs (1, 5, 2), loss weights (1, 5, 2), no-object weight 0.1.
 
-    ``classification="focal"``: Deformable DETR's, class cost and weight 2 in focal form.
+    ``class_loss="focal"``: Deformable DETR's, class cost and weight 2 in focal form.
     """
     from models.matcher import build_matcher
 
-    if classification not in CLASSIFICATIONS:
-        raise ValueError(f"unknown classification {classification!r}; known: {sorted(CLASSIFICATIONS)}")
-    form = CLASSIFICATIONS[classification]
+    if class_loss not in CLASSIFICATIONS:
+        raise ValueError(f"unknown class_loss {class_loss!r}; known: {sorted(CLASSIFICATIONS)}")
+    form = CLASSIFICATIONS[class_loss]
     matcher = build_matcher(cost_class=form.cost_class, class_cost=form.class_cost)
-    return SetCriterion(num_classes, matcher, eos_coef, classification=classification, num_groups=num_groups)
+    return SetCriterion(num_classes, matcher, eos_coef, class_loss=class_loss, num_groups=num_groups)

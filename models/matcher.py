@@ -11,7 +11,7 @@ with p_i the softmax over prediction i's classes (the probability, not its log, 
 paper), boxes normalised (cx, cy, w, h) for L1 and converted to (x0, y0, x1, y1) for GIoU,
 and DETR's weights 1, 5, 2. Unmatched predictions are trained towards "no object".
 
-With the sigmoid focal classification (Deformable DETR, Zhu et al. 2021; its
+With the sigmoid focal class_loss (Deformable DETR, Zhu et al. 2021; its
 ``HungarianMatcher``) the class term is the focal loss of calling the prediction the target's
 class minus that of not calling it, on the sigmoid probabilities p = sigmoid(logit):
 

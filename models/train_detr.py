@@ -22,7 +22,7 @@ generated splits are cached under ``--data`` (default ``data/detr-digits``; the 
 canvases take about 0.5 GB there and 4 GB of memory as float32 inputs).
 
 Recipe levers (issue 21; defaults keep the recipe above), each registered in one place:
-``--classification focal`` (``models.losses.CLASSIFICATIONS``: Deformable DETR's sigmoid focal
+``--class-loss focal`` (``models.losses.CLASSIFICATIONS``: Deformable DETR's sigmoid focal
 loss and cost, no "no object" class; the checkpoint's ``postprocess`` becomes ``"sigmoid"``),
 ``--groups K`` (Group DETR: K query groups matched one-to-one each, only group 0 kept in the
 checkpoint), ``--set FIELD=VALUE`` (any ``models.detr.DETRConfig`` field, e.g.
@@ -189,7 +189,7 @@ def train(
     split_sizes: dict[str, int] | None = None,
     resume: Path | None = None,
     quiet: bool = False,
-    classification: str = "softmax",
+    class_loss: str = "softmax",
     groups: int = 1,
     overrides: dict[str, Any] | None = None,
     inputs: str = "letterbox",
@@ -209,7 +209,7 @@ def train(
         split_sizes: canvases per split (default ``SPLIT_SIZES``; ``--train-images`` sets train's,
             tests make all smaller).
         resume: a ``last.pt`` to continue from (same recipe).
-        classification: a key of :data:`models.losses.CLASSIFICATIONS` ("softmax": DETR's; "focal").
+        class_loss: a key of :data:`models.losses.CLASSIFICATIONS` ("softmax": DETR's; "focal").
         groups: Group DETR's query groups in training (1: none).
         overrides: :class:`models.detr.DETRConfig` fields to change (e.g. ``num_queries``).
         inputs: a key of :data:`models.detr_inputs.INPUT_FORMATS`.
@@ -223,20 +223,20 @@ def train(
     """
     torch.set_num_threads(threads)
     generator = seed_everything(seed)
-    form, input_format = CLASSIFICATIONS[classification], INPUT_FORMATS[inputs]
-    if {"classification", "num_groups"} & set(overrides or {}):
-        raise ValueError("set the classification and the query groups with --classification and --groups, not --set")
+    form, input_format = CLASSIFICATIONS[class_loss], INPUT_FORMATS[inputs]
+    if {"class_head", "num_groups"} & set(overrides or {}):
+        raise ValueError("set the class head and the query groups with --class-loss and --groups, not --set")
     sizes = {**SPLIT_SIZES, **(split_sizes or {})}
     splits = {split: load_split(split, data, sizes[split]) for split in ("train", "val", "test")}
     train_set = input_format.prepare(splits["train"])
 
-    model = build(CONFIG, **{**(overrides or {}), "classification": form.head, "num_groups": groups})
+    model = build(CONFIG, **{**(overrides or {}), "class_head": form.head, "num_groups": groups})
     pretrained = {}
     if pretrain_steps and resume is None:
         pretrained = pretrain_backbone(model.backbone, steps=pretrain_steps, seed=seed, quiet=quiet)
         if not quiet:
             print(f"backbone pretrained: val accuracy {pretrained['pretrain_val_accuracy']:.4f}", file=sys.stderr)
-    criterion = build_criterion(model.config.num_classes, classification=classification, num_groups=groups)
+    criterion = build_criterion(model.config.num_classes, class_loss=class_loss, num_groups=groups)
     backbone_ids = {id(p) for p in model.backbone.parameters()}
     parameter_groups = [
         {"params": [p for p in model.parameters() if id(p) not in backbone_ids], "lr": lr},
@@ -343,7 +343,7 @@ def train(
         "test_images": len(splits["test"]),
         "test_objects": int(sum(len(c.labels) for c in splits["test"])),
         "seed": seed,
-        "classification": classification,
+        "class_loss": class_loss,
         "groups": groups,
         "inputs": inputs,
         "config_overrides": dict(overrides or {}),
@@ -414,7 +414,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--resume", type=Path, default=None, help="a last.pt to continue from")
-    parser.add_argument("--classification", choices=sorted(CLASSIFICATIONS), default="softmax")
+    parser.add_argument("--class-loss", choices=sorted(CLASSIFICATIONS), default="softmax")
     parser.add_argument("--groups", type=int, default=1, help="Group DETR query groups in training")
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="FIELD=VALUE", help="DETRConfig")
     parser.add_argument("--inputs", choices=sorted(INPUT_FORMATS), default="letterbox")
@@ -437,7 +437,7 @@ def main(argv: list[str] | None = None) -> None:
         threads=args.threads,
         split_sizes={"train": args.train_images},
         resume=args.resume,
-        classification=args.classification,
+        class_loss=args.class_loss,
         groups=args.groups,
         overrides=parse_overrides(args.overrides),
         inputs=args.inputs,

@@ -71,26 +71,24 @@ def test_denoising_queries_train_beside_the_matching_ones_and_never_reach_infere
         torch.testing.assert_close(inference(x)["pred_boxes"], served["pred_boxes"], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("classification", ["softmax", "focal"])
-def test_the_reconstruction_loss_is_zero_box_loss_for_exact_reconstructions(classification) -> None:
+@pytest.mark.parametrize("class_loss", ["softmax", "focal"])
+def test_the_reconstruction_loss_is_zero_box_loss_for_exact_reconstructions(class_loss) -> None:
     dn = noised_queries(_targets(), 2, 4)
-    classes = 4 + (classification == "softmax")
+    classes = 4 + (class_loss == "softmax")
     logits = torch.full((2, 4, classes), -9.0)
     logits[..., :4].scatter_(-1, dn["target_labels"].clamp(max=3)[..., None], 9.0)
     dn.update({"pred_logits": logits, "pred_boxes": dn["target_boxes"].clone()})
     outputs = {"pred_logits": torch.zeros(2, 3, classes), "pred_boxes": torch.full((2, 3, 4), 0.5), "dn": dn}
-    losses = build_criterion(4, classification=classification)(outputs, _targets())
-    name = "loss_focal" if classification == "focal" else "loss_ce"
+    losses = build_criterion(4, class_loss=class_loss)(outputs, _targets())
+    name = "loss_focal" if class_loss == "focal" else "loss_ce"
     assert losses["loss_bbox_dn"].item() == pytest.approx(0.0, abs=1e-6)
     assert losses["loss_giou_dn"].item() == pytest.approx(0.0, abs=1e-6)
     assert 0 <= losses[f"{name}_dn"].item() < 1e-3
-    plain = build_criterion(4, classification=classification)(
-        {k: v for k, v in outputs.items() if k != "dn"}, _targets()
-    )
+    plain = build_criterion(4, class_loss=class_loss)({k: v for k, v in outputs.items() if k != "dn"}, _targets())
     assert losses["loss"].item() == pytest.approx(
         plain["loss"].item()
         + sum(
-            build_criterion(4, classification=classification).weights[n] * losses[f"{n}_dn"].item()
+            build_criterion(4, class_loss=class_loss).weights[n] * losses[f"{n}_dn"].item()
             for n in (name, "loss_bbox", "loss_giou")
         ),
         rel=1e-5,

@@ -216,7 +216,7 @@ def test_group_detr_exports_to_onnx_with_the_plain_shapes(tmp_path) -> None:
 def test_a_sigmoid_head_has_no_no_object_output_and_starts_at_the_focal_prior() -> None:
     """Lin et al. 2017, Sec. 4.1: the class bias starts at -log((1 - 0.01) / 0.01)."""
     torch.manual_seed(0)
-    model = build("digits-small", classification="sigmoid").eval()
+    model = build("digits-small", class_head="sigmoid").eval()
     with torch.no_grad():
         out = model(torch.zeros(1, 1, 128, 128))
     assert out["pred_logits"].shape == (1, 25, 10)

@@ -38,7 +38,7 @@ def test_the_table_marks_the_choice_and_names_the_flags() -> None:
     text = table({"baseline": _metrics(0.24, 0.81), "focal-100q": _metrics(0.004, 0.83)})
     rows = text.splitlines()
     assert len(rows) == 4 and "| focal-100q (chosen) |" in rows[3] and "| 0.4% |" in rows[3]
-    assert "`--inputs bucket --classification focal --set num_queries=100`" in rows[3]
+    assert "`--inputs bucket --class-loss focal --set num_queries=100`" in rows[3]
     assert rows[2].endswith("| 50 | 2.00 |")
 
 
@@ -48,7 +48,7 @@ def test_every_recipe_is_a_valid_train_detr_command() -> None:
     from models.losses import CLASSIFICATIONS
 
     for name, options in RECIPES.items():
-        assert options.get("classification", "softmax") in CLASSIFICATIONS, name
+        assert options.get("class_loss", "softmax") in CLASSIFICATIONS, name
         assert options.get("inputs", "letterbox") in INPUT_FORMATS, name
         flags = train_flags(options).split()
         if "--set" in flags:
@@ -64,11 +64,11 @@ def test_a_smoke_run_resumes_across_sittings_and_writes_the_docs(tmp_path) -> No
     assert (runs / "focal-50q-group6" / "last.pt").exists() and not (docs / "focal-50q-group6").exists()
     main(argv)  # continues from last.pt to the end
     metrics = json.loads((docs / "focal-50q-group6" / "metrics.json").read_text())
-    assert metrics["steps"] == 4 and metrics["groups"] == 6 and metrics["classification"] == "focal"
+    assert metrics["steps"] == 4 and metrics["groups"] == 6 and metrics["class_loss"] == "focal"
     assert (docs / "focal-50q-group6" / "training_curves.png").stat().st_size > 10_000
     checkpoint = torch.load(runs / "focal-50q-group6" / "checkpoint.pt", weights_only=False)
     assert checkpoint["recipe"].startswith("python -m models.detr_experiments --run focal-50q-group6 (= ")
-    assert "--classification focal --groups 6" in checkpoint["recipe"] and checkpoint["postprocess"] == "sigmoid"
+    assert "--class-loss focal --groups 6" in checkpoint["recipe"] and checkpoint["postprocess"] == "sigmoid"
     summary = json.loads((docs / "results.json").read_text())
     assert summary["chosen"] == "focal-50q-group6"
     assert "val_duplicate_canvas_fraction" in summary["recipes"]["focal-50q-group6"]

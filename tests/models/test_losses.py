@@ -135,7 +135,7 @@ def test_the_focal_criterion_by_hand() -> None:
     logits = torch.tensor([[[1.0, -2.0], [-1.0, 0.0]]])  # (1, 2 queries, 2 classes): no "no object"
     boxes = torch.tensor([[[0.5, 0.5, 0.2, 0.2], [0.1, 0.1, 0.1, 0.1]]])
     targets = [{"labels": torch.tensor([0]), "boxes": torch.tensor([[0.5, 0.5, 0.2, 0.2]])}]
-    criterion = build_criterion(2, classification="focal")
+    criterion = build_criterion(2, class_loss="focal")
     losses = criterion({"pred_logits": logits, "pred_boxes": boxes}, targets)
 
     def fl(x: float, positive: bool) -> float:
@@ -162,6 +162,6 @@ def test_groups_are_matched_each_on_its_own_and_averaged() -> None:
     assert build_criterion(NUM_CLASSES, num_groups=2)(bad, _targets())["loss_bbox"] > single["loss_bbox"]
 
 
-def test_an_unknown_classification_is_refused() -> None:
+def test_an_unknown_class_loss_is_refused() -> None:
     with pytest.raises(ValueError, match="focal"):
-        build_criterion(NUM_CLASSES, classification="hinge")
+        build_criterion(NUM_CLASSES, class_loss="hinge")

@@ -61,7 +61,7 @@ def test_a_tiny_run_writes_what_export_needs_and_resumes(tmp_path) -> None:
         assert 0 <= metrics[f"{split}_duplicate_canvas_fraction"] <= 1
         assert 0 <= metrics[f"{split}_precision"] <= 1 and 0 <= metrics[f"{split}_recall"] <= 1
     assert checkpoint["postprocess"] == "softmax" and checkpoint["pixel_mask"] is False
-    assert metrics["classification"] == "softmax" and metrics["groups"] == 1 and metrics["inputs"] == "letterbox"
+    assert metrics["class_loss"] == "softmax" and metrics["groups"] == 1 and metrics["inputs"] == "letterbox"
     assert "cores available" in metrics["device"]
     assert (out / "training_curves.png").stat().st_size > 10_000
 
@@ -104,7 +104,7 @@ TINY = {"data": None, "steps": 2, "lr_drop": 1, "warmup_steps": 1, "eval_every":
 @pytest.mark.parametrize(
     "options",
     [
-        {"classification": "focal"},
+        {"class_loss": "focal"},
         {"groups": 2},
         {"overrides": {"num_queries": 10, "num_decoder_layers": 4}},
         {"inputs": "bucket"},
@@ -119,10 +119,10 @@ def test_each_recipe_lever_trains_and_writes_what_export_needs(tmp_path, options
     config, state = checkpoint["config"], checkpoint["state_dict"]
     assert json.loads((out / "metrics.json").read_text()) == checkpoint["metrics"] == metrics
     assert 0 <= metrics["val_duplicate_canvas_fraction"] <= 1 and 0 <= metrics["test_AP"] <= 1
-    focal = options.get("classification") == "focal"
-    assert checkpoint["postprocess"] == metrics["classification"].replace("focal", "sigmoid")
+    focal = options.get("class_loss") == "focal"
+    assert checkpoint["postprocess"] == metrics["class_loss"].replace("focal", "sigmoid")
     assert checkpoint["labels"] == (LABELS[:-1] if focal else LABELS)
-    assert config["classification"] == ("sigmoid" if focal else "softmax")
+    assert config["class_head"] == ("sigmoid" if focal else "softmax")
     assert state["class_embed.weight"].shape[0] == (10 if focal else 11)
     # Group DETR's extra groups are training-only: the checkpoint holds group 0.
     assert config["num_groups"] == 1 and metrics["groups"] == options.get("groups", 1)
@@ -148,6 +148,6 @@ def test_a_schedule_longer_than_a_sitting_resumes_to_the_same_end(tmp_path) -> N
     assert last["step"] == 4 and len(last["history"]["train loss"]) == 4
 
 
-def test_groups_and_classification_are_not_set_through_overrides(tmp_path) -> None:
+def test_groups_and_class_loss_are_not_set_through_overrides(tmp_path) -> None:
     with pytest.raises(ValueError, match="--groups"):
         train(tmp_path, **TINY, overrides={"num_groups": 3}, quiet=True)
