@@ -42,6 +42,7 @@ from service.state import ServerState
 from service.tracing import Tracer, TracingMiddleware, from_environment, install
 from service.tuning import TuneCache, Tuner, default_cache_dir
 from service.version_policy import ConfigError, read_config
+from service.worker_readiness import WorkerReadiness
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +132,17 @@ async def _start_models(state: ServerState) -> None:
         await model.batcher.start()
         control.adopt(model)
     state.repository = control.repository
+    if state.workers is not None:
+        state.workers.set_ready()
     log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
+
+
+def worker_readiness(settings: Settings) -> WorkerReadiness | None:
+    """With several workers, their shared readiness (None: one worker, or no shared folder)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if settings.workers == 1 or not folder:
+        return None
+    return WorkerReadiness(Path(folder), settings.workers)
 
 
 def control_signal(settings: Settings) -> ControlSignal | None:
@@ -179,6 +190,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         threads=threads,
         decode_limits=decode_limits(settings),
         pixel_budget=PixelBudget(settings.max_decoding_pixels),
+        workers=worker_readiness(settings),
     )
     log.info("threads: %s", threads.reason)
     state.control = ModelControl(
@@ -201,6 +213,8 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
             watchers.append(asyncio.create_task(follow(state, loading, state.control.signal)))
         yield
         state.draining = True
+        if state.workers is not None:
+            state.workers.clear()
         await loading
         for watcher in watchers:
             watcher.cancel()

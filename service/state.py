@@ -12,6 +12,7 @@ from service.pixel_budget import PixelBudget
 from service.repository import ModelRepository
 from service.serve import shutdown_requested
 from service.settings import Settings
+from service.worker_readiness import WorkerReadiness
 
 
 @dataclass
@@ -29,6 +30,7 @@ class ServerState:
         decode_limits: the pre-scan's and one request's pixel limits (from the settings).
         pixel_budget: the decoded pixels this worker holds at once (``max_decoding_pixels``).
         control: loads and retires model versions while serving (:mod:`service.model_control`).
+        workers: with several worker processes, their shared readiness (:mod:`service.worker_readiness`).
     """
 
     settings: Settings
@@ -41,6 +43,7 @@ class ServerState:
     decode_limits: DecodeLimits = field(default_factory=DecodeLimits)
     pixel_budget: PixelBudget | None = None
     control: ModelControl | None = None
+    workers: WorkerReadiness | None = None
 
     def not_ready_reasons(self) -> list[str]:
         """Why the server is not ready; empty when it is."""
@@ -50,4 +53,7 @@ class ServerState:
             return ["the server is draining (shutting down)"]
         if self.repository is None:
             return ["models are still loading"]
-        return [f"{m.name}/{m.version}: {m.not_ready_reason}" for m in self.repository.all() if not m.ready]
+        reasons = [f"{m.name}/{m.version}: {m.not_ready_reason}" for m in self.repository.all() if not m.ready]
+        if not reasons and self.workers is not None and (others := self.workers.not_ready_reason()):
+            reasons.append(others)
+        return reasons
