@@ -21,10 +21,11 @@ from PIL import Image
 
 from export.hf import ImportRefused, export_hf, preprocessing_from_processor
 from export.hf_backbones import BACKBONE_PRESETS
-from export.hf_presets import PRESETS, build
+from export.hf_presets import PRESETS
 from service.manifest import load_manifest
 from service.preprocess import Preprocessor
 from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
+from tests.export.hf_helpers import import_presets, transformers_model
 from tests.service.test_api import assert_problem
 
 PHOTOS = [ROOT / "tests" / "images" / "skimage" / name for name in ("chelsea.png", "astronaut.png", "coffee.png")]
@@ -50,18 +51,7 @@ def photos() -> list[Image.Image]:
 @pytest.fixture(scope="module")
 def imported(tmp_path_factory) -> Path:
     """Every family's tiny preset built offline and imported: ``checkpoints/<preset>``, ``repository/<preset>/1``."""
-    root = tmp_path_factory.mktemp("backbones")
-    for preset in FAMILIES:
-        build(preset, root / "checkpoints" / preset)
-        export_hf(root / "checkpoints" / preset, root / "repository" / preset / "1", opset=18)
-    return root
-
-
-def transformers_model(folder: Path):
-    import transformers
-
-    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
-    return getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True).eval()
+    return import_presets(tmp_path_factory.mktemp("backbones"), FAMILIES)
 
 
 def head_input(model, pixel_values: torch.Tensor) -> torch.Tensor:

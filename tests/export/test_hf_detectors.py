@@ -22,11 +22,12 @@ from PIL import Image
 
 from export.hf import HEADS, TASKS, ImportRefused, export_hf, labels_from_config, preprocessing_from_processor
 from export.hf_detectors import FAMILIES
-from export.hf_presets import PRESETS, build
+from export.hf_presets import PRESETS
 from service.manifest import Size, load_manifest
 from service.preprocess import Preprocessor
 from service.tasks.detection_scores import RULES
 from tests.conftest import MODEL_REPOSITORY, ROOT, running_app
+from tests.export.hf_helpers import import_presets, transformers_model
 
 PHOTOS = ROOT / "tests" / "images" / "skimage"
 # preset -> (architecture, score rule, top_k written in the manifest)
@@ -144,18 +145,7 @@ def test_a_deformable_detr_with_a_shortest_edge_processor_is_refused_naming_the_
 @pytest.fixture(scope="module")
 def detectors(tmp_path_factory) -> Path:
     """Every supported family's tiny preset, built offline and imported, in one model repository."""
-    root = tmp_path_factory.mktemp("detectors")
-    for preset in SUPPORTED:
-        build(preset, root / "checkpoints" / preset)
-        export_hf(root / "checkpoints" / preset, root / "repository" / preset / "1", opset=18)
-    return root
-
-
-def transformers_model(folder: Path):
-    import transformers
-
-    architecture = json.loads((folder / "config.json").read_text())["architectures"][0]
-    return getattr(transformers, architecture).from_pretrained(str(folder), local_files_only=True).eval()
+    return import_presets(tmp_path_factory.mktemp("detectors"), SUPPORTED)
 
 
 @pytest.mark.slow
