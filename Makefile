@@ -119,7 +119,7 @@ model-cnn-cifar10: $(DEV_VENV)/.installed
 digits-experiments: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.digits_experiments --out docs/digits-experiments
 
-# The README's pictures (and docs/models.md's), drawn by the models in model_repository/.
+# The pictures of the README (the detections) and docs/models.md (both), drawn by the models in model_repository/.
 pictures: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python examples/render.py examples/chelsea.png
 	$(DEV_VENV)/bin/python examples/render.py examples/canvas.png --model detr-digits --route detect
@@ -171,7 +171,7 @@ clean:
 	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench .gpu-kit
 
 # Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
-# nothing is downloaded) and print the parity each import measured: the README's figures.
+# nothing is downloaded) and print the parity each import measured: the figures of docs/models.md.
 HF_PRESETS := vit-base-patch16-224 deit-base-distilled-patch16-224 detr-resnet-50
 hf-parity: $(DEV_VENV)/.installed
 	for preset in $(HF_PRESETS); do \
