@@ -1,12 +1,28 @@
-# patchserve: each target sets up what it needs on a fresh machine.
-#   make serve   serving environment only (no torch), then the server on $PATCHSERVE_HOST:$PATCHSERVE_PORT
-#   make test    training + hf + dev environment (torch 2.13.0 first), then the whole suite, every marker
-#   make models  retrain and re-export the committed models
-#   make bench   the side-by-side benchmark (bench/run.py); not part of make test. BENCH_ARGS=... passes options
-#   make profile where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
-#   make gpu-kit the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
-#   make bench-tracing  what OpenTelemetry tracing costs at c=16, off and on in interleaved rounds (bench/tracing.py)
+# patchserve: each target sets up what it needs on a fresh machine. Every target a user calls:
+#   make serve        serving environment only (no torch), then the server on $PATCHSERVE_HOST:$PATCHSERVE_PORT; ORT=gpu: onnxruntime-gpu
+#   make test         training + hf + dev environment (torch 2.13.0 first), the tools, then ruff and the whole suite, every marker
+#   make test-fast    the fast subset (no slow or docker tests): a plain pytest
+#   make lint         ruff check and ruff format --check
+#   make tools        Debian's prometheus (promtool) and chromium (chromedriver) for the operation tests (installed as root, else named)
+#   make models       retrain and re-export every committed model, in this order (the six targets below)
+#   make model-vit-digits   train the digits ViT (runs/vit-digits), export model_repository/vit-digits/1
+#   make model-detr-digits  train DETR on the synthetic canvases (runs/detr-digits), export model_repository/detr-digits/1
+#   make model-vit-cifar10  train the CIFAR-10 photo ViT (runs/vit-cifar10; ~90 min on 2 free cores), export model_repository/vit-cifar10/1
+#   make model-cnn-cifar10  train the reference CNN, DeiT's teacher (runs/cnn-cifar10), copy its metrics and curves to docs/cnn-cifar10/
+#   make digits-experiments  the reference experiments on the digits ViT, five seeds each (docs/digits-experiments/)
+#   make pictures     render examples/chelsea.vit-cifar10.png and examples/canvas.detr-digits.png with the models in model_repository/
+#   make hf-parity    import random-weight versions of three hub checkpoints and print their parity (runs/hf-repository/)
+#   make bench        the side-by-side benchmark (bench/run.py); not part of make test. BENCH_ARGS=... passes options
+#   make profile      where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
+#   make bench-tracing    what OpenTelemetry tracing costs at c=16, off and on in interleaved rounds (bench/tracing.py)
 #   make bench-detectors  one end-to-end run per DETR-family preset (bench/hf_detectors.py, docs/detectors.md)
+#   make bench-tools  wrk, the benchmarks' load generator (Debian's package), when missing and we may
+#   make gpu-kit      the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
+#   make clean        remove .venv-serve, .venv, runs/, .pytest_cache, bench/.work, .venv-gpu-bench and .gpu-kit
+# and the files the targets above build, for one step alone:
+#   make .venv/.installed             the dev environment only (torch 2.13.0, then .[cpu,train,hf,dev,heic,otel])
+#   make .venv-serve/.installed-cpu   the serving environment only (.venv-serve/.installed-gpu: with onnxruntime-gpu)
+#   make bench/.work/model_repository/vit-ti16-random/1/model.onnx   ViT-Ti/16 with random weights, the benchmarks' model
 
 PYTHON ?= python3
 SERVE_VENV := .venv-serve
@@ -15,7 +31,8 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing bench-detectors
+.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing bench-detectors \
+	$(MODEL_TARGETS)
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
 	$(PYTHON) -m venv $(SERVE_VENV)
@@ -72,17 +89,38 @@ test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu-otel tools
 test-fast: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/pytest
 
-models: $(DEV_VENV)/.installed
+# One target per committed model or committed result; `make models` runs them all, one at a time in
+# this order (the pictures last: they are drawn by the models just exported), even under -j.
+MODEL_TARGETS := model-vit-digits model-detr-digits model-vit-cifar10 model-cnn-cifar10 digits-experiments pictures
+models: $(MODEL_TARGETS)
+.NOTPARALLEL: models
+
+model-vit-digits: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_digits --out runs/vit-digits
 	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-digits/checkpoint.pt --to model_repository/vit-digits/1 --no-attention
+
+model-detr-digits: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_detr --out runs/detr-digits
 	$(DEV_VENV)/bin/python -m export checkpoint runs/detr-digits/checkpoint.pt --to model_repository/detr-digits/1
-	# CIFAR-10 photo ViT (~90 min on 2 free CPU cores), its reference CNN, the digits experiments, the README's picture.
+
+# CIFAR-10 photo ViT (~90 min on 2 free CPU cores).
+model-vit-cifar10: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_cifar --arch vit --out runs/vit-cifar10
 	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-cifar10/checkpoint.pt --to model_repository/vit-cifar10/1
+
+# Its reference CNN, which also teaches the distilled ViT. The committed teacher,
+# models/weights/cnn-cifar10.pt (models/weights/README.md), is a checkpoint.pt of this command run
+# with --threads 1; this target writes runs/cnn-cifar10/ and docs/cnn-cifar10/ and leaves it as it is.
+model-cnn-cifar10: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_cifar --arch cnn --out runs/cnn-cifar10
 	mkdir -p docs/cnn-cifar10 && cp runs/cnn-cifar10/metrics.json runs/cnn-cifar10/training_curves.png docs/cnn-cifar10/
+
+# The digits experiments (docs/models.md, "Reference experiments on the digits ViT").
+digits-experiments: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.digits_experiments --out docs/digits-experiments
+
+# The pictures of the README (the detections) and docs/models.md (both), drawn by the models in model_repository/.
+pictures: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python examples/render.py examples/chelsea.png
 	$(DEV_VENV)/bin/python examples/render.py examples/canvas.png --model detr-digits --route detect
 
@@ -133,7 +171,7 @@ clean:
 	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench .gpu-kit
 
 # Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
-# nothing is downloaded) and print the parity each import measured: the README's figures.
+# nothing is downloaded) and print the parity each import measured: the figures of docs/models.md.
 HF_PRESETS := vit-base-patch16-224 deit-base-distilled-patch16-224 detr-resnet-50
 hf-parity: $(DEV_VENV)/.installed
 	for preset in $(HF_PRESETS); do \
