@@ -23,14 +23,14 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.render import displayed_canvas, png_bytes
+from service.imaging.render import displayed_canvas, png_bytes
 from service.tasks.base import BaseTask, options, output, register, result_schema
 from service.tasks.detection_scores import RULES
 
 if TYPE_CHECKING:
-    from service.inference import ImageOutcome
-    from service.manifest import Manifest
-    from service.repository import ModelVersion
+    from service.pipeline.inference import ImageOutcome
+    from service.runtime.manifest import Manifest
+    from service.runtime.repository import ModelVersion
 
 
 def detect(
@@ -63,7 +63,7 @@ def detect(
         threshold: the lowest score kept, in [0, 1].
         max_detections: the most detections returned, >= 1 (the best ones).
         box_scale: (sx, sy), pixels of the displayed image per unit of normalised input
-            coordinate (:meth:`service.preprocess.Preprocessor.box_scale`).
+            coordinate (:meth:`service.imaging.preprocess.Preprocessor.box_scale`).
         image_size: (width, height) of the displayed image; boxes are clipped to it.
         scores: the score rule's name.
         top_k: the rule's candidate count (None: its default; unused by ``"softmax"``).

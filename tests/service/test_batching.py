@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from service.batching import (
+from service.batching.batcher import (
     Batcher,
     BatchingConfig,
     BatchOutputMismatch,
@@ -26,7 +26,7 @@ from service.batching import (
     split_outputs,
     stack_inputs,
 )
-from service.errors import DeadlineExceeded, InferenceFailed, Unavailable
+from service.core.errors import DeadlineExceeded, InferenceFailed, Unavailable
 
 pytestmark = pytest.mark.anyio
 HANG_GUARD = 10.0  # seconds; only so that a broken batcher fails a test instead of hanging it

@@ -10,8 +10,8 @@ import csv
 
 import pytest
 
-from service.errors import InvalidImage
-from service.images import HEIF_AVAILABLE, decode_image
+from service.core.errors import InvalidImage
+from service.imaging.images import HEIF_AVAILABLE, decode_image
 from tests.conftest import ROOT, running_app
 from tests.service.image_fixtures import GENERATED
 
