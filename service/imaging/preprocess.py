@@ -1,7 +1,8 @@
 """Preprocessing in numpy: a decoded Pillow image -> the model's float32 input tensor.
 
 Built once per model from its manifest (timm keeps preprocessing with each model's config;
-here the manifest carries it), never per request.
+here the manifest carries it), never per request. The geometry that differs between resize
+policies is each policy's (:mod:`service.imaging.resize`); this module asks the one the spec names.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 from PIL import Image
 
+from service.imaging import resize
 from service.imaging.spec import Preprocessing
 
 _RESAMPLE = {
@@ -21,29 +23,6 @@ _RESAMPLE = {
 }
 
 
-def keep_aspect_size(height: int, width: int, shortest_edge: int, longest_edge: int | None) -> tuple[int, int]:
-    """The (height, width) of the ``shortest_edge`` policy for an image of (height, width) pixels.
-
-    The shorter side becomes ``shortest_edge``; if the longer side would then exceed
-    ``longest_edge``, the longer side becomes ``longest_edge`` instead (rounded to the nearest
-    pixel) and the shorter side follows. The side that is not set is truncated to whole pixels.
-    This is the arithmetic of DETR's resize (Carion et al. 2020, Sec. 4: shortest side 800,
-    longest at most 1333) as the Hugging Face ``DetrImageProcessor`` computes it, so the same
-    image gets the same input size here and there.
-    """
-    short, long = min(height, width), max(height, width)
-    target, exact = shortest_edge, None
-    if longest_edge is not None and long / short * shortest_edge > longest_edge:
-        exact = longest_edge * short / long  # the shorter side that puts the longer one at longest_edge
-        target = round(exact)
-    if short == target:
-        return height, width
-    base = exact if exact is not None else target
-    if width < height:
-        return int(base * height / width), target
-    return target, int(base * width / height)
-
-
 class Preprocessor:
     """The manifest's preprocessing, built once per model.
 
@@ -53,6 +32,7 @@ class Preprocessor:
 
     def __init__(self, spec: Preprocessing) -> None:
         self.spec = spec
+        self.policy = resize.get(spec.resize)
         self.size = (spec.size.width, spec.size.height) if spec.size else None  # Pillow order: (W, H)
         self.resample = _RESAMPLE[spec.interpolation]
         std = np.asarray(spec.std, dtype=np.float32)
@@ -63,7 +43,7 @@ class Preprocessor:
     @property
     def dynamic(self) -> bool:
         """True when H and W of the output depend on the image (``shortest_edge`` without a crop)."""
-        return self.spec.resize == "shortest_edge" and self.spec.crop_size is None
+        return self.policy.dynamic(self.spec)
 
     @property
     def output_shape(self) -> tuple[int, int, int]:
@@ -94,18 +74,9 @@ class Preprocessor:
         ``stretch`` (and ``center_crop``, whose central region of the image fills it) fills
         ``size``; ``letterbox`` scales by ``min(size.width / width, size.height / height)`` and
         rounds, leaving padding at the bottom or right; ``shortest_edge`` is
-        :func:`keep_aspect_size`, the whole input.
+        :func:`~service.imaging.resize.keep_aspect_size`, the whole input.
         """
-        if self.spec.resize in ("stretch", "center_crop"):
-            return self.size
-        if self.spec.resize == "letterbox":
-            scale = min(self.size[0] / width, self.size[1] / height)
-            return (
-                max(1, min(self.size[0], round(width * scale))),
-                max(1, min(self.size[1], round(height * scale))),
-            )
-        h, w = keep_aspect_size(height, width, self.spec.shortest_edge, self.spec.longest_edge)
-        return (max(1, w), max(1, h))  # a 1 x 40000 strip would otherwise get a side of 0 pixels
+        return self.policy.content_size(self, width, height)
 
     def box_scale(self, image_size: tuple[int, int], displayed_size: tuple[int, int]) -> tuple[float, float]:
         """Pixels of the displayed image per unit of normalised input coordinate, (sx, sy).
@@ -121,14 +92,7 @@ class Preprocessor:
             displayed_size: (width, height) of the full-resolution image as the client
                 displays it (after EXIF orientation), in pixels.
         """
-        if self.spec.resize != "letterbox":
-            # No padding: the input frame is the image, whatever size it was decoded at.
-            return (float(displayed_size[0]), float(displayed_size[1]))
-        content_w, content_h = self.content_size(*image_size)
-        return (
-            self.size[0] / content_w * displayed_size[0],
-            self.size[1] / content_h * displayed_size[1],
-        )
+        return self.policy.box_scale(self, image_size, displayed_size)
 
     def input_region(self, width: int, height: int) -> tuple[float, float, float, float]:
         """The part of a ``width`` x ``height`` image that the model input covers.
@@ -142,29 +106,7 @@ class Preprocessor:
         Returns:
             (left, top, right, bottom) in pixels of that image, floats (Pillow's ``box`` order).
         """
-        if self.spec.resize == "letterbox":
-            content_w, content_h = self.content_size(width, height)
-            return (0.0, 0.0, self.size[0] * width / content_w, self.size[1] * height / content_h)
-        if self.spec.resize != "center_crop":
-            if self.spec.crop_size is None:
-                return (0.0, 0.0, float(width), float(height))
-            content_w, content_h = self.content_size(width, height)
-            crop_w, crop_h = self.spec.crop_size.width, self.spec.crop_size.height
-            sx, sy = width / content_w, height / content_h
-            left, top = (content_w - crop_w) // 2 * sx, (content_h - crop_h) // 2 * sy
-            return (left, top, left + crop_w * sx, top + crop_h * sy)
-        # Which side fits is decided in integers (size.width / width >= size.height / height, cross-
-        # multiplied): that side is the whole image, exactly, and the other is the exact quotient
-        # of integers, correctly rounded, so it never exceeds the image. Computed as 32 / (32 / s),
-        # the region came out one ulp larger than s for sides such as 49, 98, 479, 1003 and its
-        # box started below 0, which Pillow refuses (Pillow#4087).
-        out_w, out_h = self.size
-        if out_w * height >= out_h * width:  # the width fits; the height is cropped
-            crop_w, crop_h = float(width), out_h * width / out_w
-        else:
-            crop_w, crop_h = out_w * height / out_h, float(height)
-        left, top = (width - crop_w) / 2, (height - crop_h) / 2
-        return (left, top, min(left + crop_w, float(width)), min(top + crop_h, float(height)))
+        return self.policy.input_region(self, width, height)
 
     def __call__(self, image: Image.Image) -> np.ndarray:
         """Resize (pad, for ``letterbox``; crop, with ``crop_size`` or ``center_crop``) and normalise ``image``.
@@ -179,11 +121,7 @@ class Preprocessor:
         if image.mode != self.spec.color_mode:
             raise ValueError(f"expected a {self.spec.color_mode} image, got {image.mode}")
         target = self.content_size(*image.size)
-        if self.spec.resize == "center_crop" and image.size != self.size:
-            # Resample only the centre region, straight to the input size (no rounded intermediate).
-            image = image.resize(self.size, self.resample, box=self.input_region(*image.size))
-        elif image.size != target:
-            image = image.resize(target, self.resample)
+        image = self.policy.resized(self, image, target)
         if self.spec.crop_size is not None:
             crop_w, crop_h = self.spec.crop_size.width, self.spec.crop_size.height
             left, top = (image.width - crop_w) // 2, (image.height - crop_h) // 2
@@ -191,10 +129,7 @@ class Preprocessor:
         pixels = np.asarray(image)  # uint8 (H, W, C), or (H, W) for "L"
         if pixels.ndim == 2:
             pixels = pixels[:, :, None]  # (h, w) -> (h, w, 1)
-        if self.spec.resize == "letterbox" and target != self.size:  # letterbox: pad the bottom and right
-            padded = np.full((self.size[1], self.size[0], pixels.shape[2]), self.spec.pad_value, dtype=pixels.dtype)
-            padded[: target[1], : target[0]] = pixels
-            pixels = padded  # (H, W, C)
+        pixels = self.policy.padded(self, pixels, target)  # letterbox: pad the bottom and right
         h, w, channels = pixels.shape
         out = np.empty((channels, h, w), dtype=np.float32)  # (C, H, W)
         for c in range(channels):  # straight from uint8 HWC into float32 CHW: no temporaries (~10x faster)

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from service.imaging import resize as policies
 
 
 class _Strict(BaseModel):
@@ -28,24 +30,9 @@ Channel = Annotated[int, Field(ge=0, le=255)]  # one 8-bit colour component
 class Preprocessing(_Strict):
     """How a decoded image becomes the model's input tensor.
 
-    Resize policies (the image is first converted to ``color_mode``):
-
-    * ``stretch``: resize to ``size`` exactly, ignoring the aspect ratio (the Hugging Face
-      ``ViTImageProcessor`` policy). Output (C, size.height, size.width).
-    * ``shortest_edge``: keep the aspect ratio; the shorter side becomes ``shortest_edge``
-      pixels unless the longer side would then pass ``longest_edge``, in which case the longer
-      side becomes ``longest_edge`` (the Hugging Face ``DetrImageProcessor`` policy,
-      ``size={"shortest_edge": 800, "longest_edge": 1333}``; sides truncated to whole pixels
-      as it does). Output (C, H, W) with H and W depending on the image: the graph takes any
-      size, and no padding or mask is needed since only same-sized inputs share a batch.
-    * ``letterbox``: keep the aspect ratio: resize by ``min(size.width / W, size.height / H)``
-      so the image fits ``size``, place it at the top-left corner and fill the bottom and right
-      with ``pad_value`` (DETR pads bottom and right too). Output (C, size.height, size.width);
-      a detector's normalised boxes are relative to that padded frame.
-    * ``center_crop``: keep the aspect ratio: resize by ``max(size.width / W, size.height / H)``
-      so the image covers ``size`` (the shorter side fits), then crop the centre ``size``
-      (timm's and torchvision's resize-then-centre-crop at crop fraction 1). Output
-      (C, size.height, size.width); the input sees the central region of the image only.
+    The image is first converted to ``color_mode``, then resized by the policy named ``resize``
+    (one class each in :mod:`service.imaging.resize`: ``stretch``, ``shortest_edge``,
+    ``letterbox``, ``center_crop``; their docstrings say what each outputs).
 
     Then, with ``crop_size``, the centre ``crop_size`` region is kept (the Hugging Face
     ``do_center_crop`` step: offsets ``(H - crop.height) // 2``, ``(W - crop.width) // 2``).
@@ -55,7 +42,7 @@ class Preprocessing(_Strict):
     """
 
     color_mode: Literal["L", "RGB"]
-    resize: Literal["stretch", "letterbox", "shortest_edge", "center_crop"] = "stretch"
+    resize: str = Field(policies.STRETCH.name, description="The resize policy, a name in service.imaging.resize.")
     size: Size | None = Field(
         None, description="The output size of the stretch, letterbox and center_crop policies (required for them)."
     )
@@ -80,22 +67,14 @@ class Preprocessing(_Strict):
             raise ValueError("std values must be > 0")
         return self
 
+    @field_validator("resize")
+    @classmethod
+    def _known_policy(cls, name: str) -> str:
+        if name not in policies.names():
+            raise ValueError(f"unknown resize policy {name!r}; registered: {', '.join(policies.names())}")
+        return name
+
     @model_validator(mode="after")
     def _resize_policy(self) -> Preprocessing:
-        if self.resize in ("stretch", "letterbox", "center_crop"):
-            if self.size is None:
-                raise ValueError(f"the {self.resize} policy needs size")
-            if self.resize != "stretch" and self.crop_size is not None:
-                raise ValueError(f"{self.resize} takes no crop_size")
-            if self.crop_size and (self.crop_size.height > self.size.height or self.crop_size.width > self.size.width):
-                raise ValueError("crop_size must fit inside size")
-        else:
-            if self.shortest_edge is None:
-                raise ValueError("the shortest_edge policy needs shortest_edge")
-            if self.longest_edge is not None and self.longest_edge < self.shortest_edge:
-                raise ValueError("longest_edge must be >= shortest_edge")
-            if self.crop_size and (
-                self.longest_edge is not None or max(self.crop_size.height, self.crop_size.width) > self.shortest_edge
-            ):
-                raise ValueError("a crop after shortest_edge needs no longest_edge and must fit inside shortest_edge")
+        policies.get(self.resize).check(self)
         return self
