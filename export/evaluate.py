@@ -1,6 +1,6 @@
 """Measure an exported graph on held-out data exactly as the server will run it.
 
-The images go through the server's own preprocessing (:class:`service.imaging.images.Preprocessor`)
+The images go through the server's own preprocessing (:class:`service.imaging.preprocess.Preprocessor`)
 and ONNX Runtime, so the accuracy written into the manifest is the served model's accuracy.
 """
 
