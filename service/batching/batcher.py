@@ -28,99 +28,30 @@ request is answered, ``running`` (and ``/readyz``) turns False, and later ones g
 feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
 in flight at once. With one runner, a batch is collected only once the previous one has run.
 
-Times are seconds on an injectable :class:`Clock`, so tests drive the loop without waiting.
+Times are seconds on an injectable :class:`~service.batching.clock.Clock`, so tests drive the loop without
+waiting. The queue's bookkeeping is :mod:`service.batching.queue`; the knobs :mod:`service.batching.config`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
-from collections import deque
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 
 from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
-from service.batching.clock import Clock, MonotonicClock, Timer
+from service.batching.clock import Clock, MonotonicClock
+from service.batching.config import BatchingConfig, InferenceResult, RunFn
+from service.batching.queue import Request, RequestQueue
 from service.core import metrics, tracing
 from service.core.errors import BadRequest, DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
 log = logging.getLogger(__name__)
 
-RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
 SIZE, DELAY, IDLE = metrics.RELEASE_REASONS
-
-
-@dataclass(frozen=True)
-class BatchingConfig:
-    """Batching knobs for one model version (Triton's dynamic-batcher names, in seconds).
-
-    Attributes:
-        max_batch_size: most inputs in one model run.
-        max_queue_delay: seconds the oldest queued input may wait for its batch to fill.
-        queue_size: most inputs waiting; one more is refused with 503 and ``Retry-After``.
-        request_timeout: seconds from a request's arrival to its deadline; a request may ask
-            for less, never more. Still queued at its deadline: 504, never computed.
-
-    Raises:
-        ValueError: a value out of range (``max_batch_size`` or ``queue_size`` < 1,
-            ``max_queue_delay`` < 0, ``request_timeout`` <= 0).
-    """
-
-    max_batch_size: int
-    max_queue_delay: float
-    queue_size: int
-    request_timeout: float = 30.0
-
-    def __post_init__(self) -> None:
-        if self.max_batch_size < 1 or self.queue_size < 1:
-            raise ValueError(f"max_batch_size and queue_size must be >= 1 (got {self})")
-        if self.max_queue_delay < 0 or self.request_timeout <= 0:
-            raise ValueError(f"max_queue_delay must be >= 0 and request_timeout > 0 (got {self})")
-
-    def override(self, **values: float | int | None) -> BatchingConfig:
-        """A copy with every value that is not None replaced (a manifest's ``batching`` section)."""
-        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
-
-
-@dataclass(frozen=True)
-class InferenceResult:
-    """One input's share of a batch run.
-
-    Attributes:
-        outputs: each graph output's row for this input, batch axis removed.
-        queue_seconds: from ``submit`` to the start of the run.
-        compute_seconds: the whole batch's run time.
-        batch_size: how many inputs shared the run.
-    """
-
-    outputs: dict[str, np.ndarray]
-    queue_seconds: float
-    compute_seconds: float
-    batch_size: int
-
-
-@dataclass(eq=False)
-class _Request:
-    x: np.ndarray  # (C, H, W)
-    future: asyncio.Future[InferenceResult]
-    enqueued: float
-    deadline: float
-    queued: bool = True  # holds a place in the queue: not yet taken into a batch, expired or cancelled
-    timer: Timer | None = None
-    trace: tracing.Ticket | None = None  # its request's trace context (tracing on)
-
-    @property
-    def shape(self) -> tuple[tuple[int, ...], str]:
-        return self.x.shape, self.x.dtype.str
-
-    @property
-    def waiting(self) -> bool:
-        return self.queued and not self.future.done()
 
 
 class Batcher:
@@ -151,14 +82,12 @@ class Batcher:
         self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
         self._model_version = (model, version)
-        self._queue_depth = metrics.QUEUE_DEPTH.labels(model, version)
         self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
         self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
         self._batch_size = metrics.BATCH_SIZE.labels(model, version)
         self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
-        self._queue: deque[_Request] = deque()  # arrival order; answered requests are purged lazily
-        self._queued = 0  # requests holding a place in the queue
-        self._in_flight: dict[asyncio.Task[None], list[_Request]] = {}  # running batches
+        self._queue = RequestQueue(metrics.QUEUE_DEPTH.labels(model, version))
+        self._in_flight: dict[asyncio.Task[None], list[Request]] = {}  # running batches
         self._idle_runners = list(reversed(range(len(self._runners))))  # runner 0 is used first
         self._fatal: BaseException | None = None  # what killed a batch and so the loop
         self._wake = asyncio.Event()  # set on every change that can make a batch due
@@ -182,12 +111,12 @@ class Batcher:
     @property
     def queued(self) -> int:
         """Requests waiting for a batch (each holds one of ``queue_size`` places)."""
-        return self._queued
+        return self._queue.queued
 
     @property
     def room(self) -> int:
         """Places left in the queue: ``queue_size - queued``."""
-        return self.config.queue_size - self._queued
+        return self.config.queue_size - self._queue.queued
 
     def admit(self, count: int, unit: str = "image(s)", *, oversize_is_400: bool = True) -> None:
         """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless the queue has room for all now.
@@ -260,20 +189,18 @@ class Batcher:
         deadline = now + self.config.request_timeout if deadline is None else deadline
         if now >= deadline:
             raise DeadlineExceeded(f"model {self.name}: the request's deadline passed before it was queued")
-        if self._queued >= self.config.queue_size:
+        if self._queue.queued >= self.config.queue_size:
             raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size} waiting); retry shortly")
-        request = _Request(x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued())
+        request = Request(x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued())
         request.timer = self.clock.call_at(deadline, functools.partial(self._expire, request))
-        self._queue.append(request)
-        self._queued += 1
-        self._queue_depth.inc()
+        self._queue.add(request)
         self._wake.set()
         try:
             return await request.future
         finally:
             request.timer.cancel()
             if request.queued:  # cancelled while it waited
-                self._leave_queue(request)
+                self._queue.leave(request)
                 self._wake.set()
 
     # The loop: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
@@ -301,7 +228,7 @@ class Batcher:
         finally:
             self._answer_everyone_left(stopped_by)
 
-    async def _run_batch(self, runner: int, batch: list[_Request], reason: str) -> None:
+    async def _run_batch(self, runner: int, batch: list[Request], reason: str) -> None:
         """Stack -> run -> check/split -> answer, for one batch on one runner (released for ``reason``)."""
         started = self.clock.now()
         trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
@@ -335,18 +262,17 @@ class Batcher:
             self._wake.clear()
             await self._wake.wait()
 
-    async def _collect(self) -> tuple[list[_Request], str]:
+    async def _collect(self) -> tuple[list[Request], str]:
         """Wait until a batch is due; take its requests out of the queue. Returns (batch, reason)."""
         while True:
             if self._fatal is not None:
                 raise self._fatal
-            if len(self._queue) > self._queued:  # forget requests taken, expired or cancelled
-                self._queue = deque(request for request in self._queue if request.queued)
-            batch = self._head_batch()
+            self._queue.purge()  # forget requests taken, expired or cancelled
+            batch = self._queue.head_batch(self.config.max_batch_size)
             reason = self._release_reason(batch) if batch else None
             if reason is not None:
                 for request in batch:
-                    self._leave_queue(request)
+                    self._queue.leave(request)
                 return batch, reason
             timer = None
             if batch:  # wake up when its oldest request has waited max_queue_delay
@@ -358,31 +284,17 @@ class Batcher:
                 if timer is not None:
                     timer.cancel()
 
-    def _head_batch(self) -> list[_Request]:
-        """The oldest waiting request and the waiting requests of its shape, oldest first, up to max_batch_size."""
-        batch: list[_Request] = []
-        for request in self._queue:
-            if not request.waiting:
-                if request.queued:  # cancelled, and its submit has not run its cleanup yet
-                    self._leave_queue(request)
-                continue
-            if not batch or request.shape == batch[0].shape:
-                batch.append(request)
-                if len(batch) == self.config.max_batch_size:
-                    break
-        return batch
-
-    def _release_reason(self, batch: list[_Request]) -> str | None:
+    def _release_reason(self, batch: list[Request]) -> str | None:
         """Why ``batch`` should leave now (size, delay or idle), or None to keep waiting."""
         if len(batch) >= self.config.max_batch_size:
             return SIZE
         if self.clock.now() >= batch[0].enqueued + self.config.max_queue_delay:
             return DELAY
-        if self._queued == 1:  # we are collecting, so a runner is idle, and this is all there is
+        if self._queue.queued == 1:  # we are collecting, so a runner is idle, and this is all there is
             return IDLE
         return None
 
-    def _drop_expired_and_cancelled(self, batch: list[_Request]) -> list[_Request]:
+    def _drop_expired_and_cancelled(self, batch: list[Request]) -> list[Request]:
         """The last check before compute: a request cancelled or past its deadline is never run."""
         now = self.clock.now()
         kept = []
@@ -397,17 +309,17 @@ class Batcher:
             log.debug("model %s: dropped %d expired or cancelled request(s)", self.name, len(batch) - len(kept))
         return kept
 
-    def _record_release(self, batch: list[_Request], reason: str) -> None:
+    def _record_release(self, batch: list[Request], reason: str) -> None:
         self._released[reason].inc()
         self._batch_size.observe(len(batch))
         if log.isEnabledFor(logging.DEBUG):
             waited = self.clock.now() - batch[0].enqueued
             log.debug(
                 "model %s: batch of %d released (%s); its oldest request waited %.3f ms, %d still queued",
-                self.name, len(batch), reason, waited * 1e3, self._queued,
+                self.name, len(batch), reason, waited * 1e3, self._queue.queued,
             )  # fmt: skip
 
-    def _answer(self, batch: list[_Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
+    def _answer(self, batch: list[Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
         self._compute_duration.observe(compute)
         for request, row in zip(batch, rows, strict=True):
             queued_for = started - request.enqueued
@@ -415,7 +327,7 @@ class Batcher:
             if not request.future.done():
                 request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
 
-    def _fail(self, batch: list[_Request], exc: Exception) -> None:
+    def _fail(self, batch: list[Request], exc: Exception) -> None:
         if isinstance(exc, BatchOutputMismatch):
             detail = f"model {self.name} returned outputs that do not match its batch of {len(batch)}: {exc}"
         else:
@@ -425,24 +337,17 @@ class Batcher:
             if not request.future.done():
                 request.future.set_exception(InferenceFailed(detail))
 
-    # Queue bookkeeping, deadlines, and the end of the loop.
+    # Deadlines, and the end of the loop.
 
-    def _leave_queue(self, request: _Request) -> None:
-        """Give back the request's place in the queue (once)."""
-        if request.queued:
-            request.queued = False
-            self._queued -= 1
-            self._queue_depth.dec()
-
-    def _expire(self, request: _Request) -> None:
+    def _expire(self, request: Request) -> None:
         """The deadline timer: a request still queued is answered 504 now and leaves the queue."""
         if not request.waiting:
             return
-        self._leave_queue(request)
+        self._queue.leave(request)
         request.future.set_exception(self._deadline_exceeded(request, self.clock.now()))
         self._wake.set()
 
-    def _deadline_exceeded(self, request: _Request, now: float) -> DeadlineExceeded:
+    def _deadline_exceeded(self, request: Request, now: float) -> DeadlineExceeded:
         waited = now - request.enqueued
         return DeadlineExceeded(
             f"model {self.name}: the request's deadline passed after {waited:.3f} s in the queue, before a batch ran it"
@@ -456,10 +361,8 @@ class Batcher:
                 if not request.future.done():
                     request.future.set_exception(in_flight_error)
         self._in_flight = {}
-        for request in self._queue:
-            self._leave_queue(request)
+        for request in self._queue.drain():
             if not request.future.done():
                 request.future.set_exception(
                     Unavailable(f"model {self.name}: its batching loop stopped before this request ran; see /readyz")
                 )
-        self._queue.clear()

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from fastapi import FastAPI
 
-from service.batching.batcher import BatchingConfig
+from service.batching.config import BatchingConfig
 from service.core.errors import RepositoryError
 from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install

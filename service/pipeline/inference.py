@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from service.batching.batcher import InferenceResult
+from service.batching.config import InferenceResult
 from service.core import metrics, tracing
 from service.core.errors import (
     DeadlineExceeded,

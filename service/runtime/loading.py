@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from service.batching.batcher import Batcher, BatchingConfig
+from service.batching.batcher import Batcher
+from service.batching.config import BatchingConfig
 from service.core.errors import RepositoryError
 from service.imaging.preprocess import Preprocessor
 from service.runtime.cpus import ThreadPlan

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from service import tasks
-from service.batching.batcher import InferenceResult
+from service.batching.config import InferenceResult
 from service.core.errors import BadRequest, ProblemError
 from service.runtime.repository import ModelVersion
 from service.tasks import classification

@@ -18,14 +18,9 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from service.batching.batcher import (
-    Batcher,
-    BatchingConfig,
-    BatchOutputMismatch,
-    InferenceResult,
-    split_outputs,
-    stack_inputs,
-)
+from service.batching.arrays import BatchOutputMismatch, split_outputs, stack_inputs
+from service.batching.batcher import Batcher
+from service.batching.config import BatchingConfig, InferenceResult
 from service.core.errors import DeadlineExceeded, InferenceFailed, Unavailable
 
 pytestmark = pytest.mark.anyio
