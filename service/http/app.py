@@ -22,6 +22,7 @@ from service.batching.config import BatchingConfig
 from service.core.errors import RepositoryError
 from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
+from service.core.version import VERSION
 from service.http import docs
 from service.http.middleware.access_log import AccessLogMiddleware
 from service.http.middleware.admission import EXEMPT_PATHS, AdmissionMiddleware
@@ -234,7 +235,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
 
     app = FastAPI(
         title="patchserve",
-        version="0.1.0",
+        version=VERSION,
         description="Vision transformers (ViT classifiers, DETR detectors) on ONNX Runtime, with dynamic batching.",
         lifespan=lifespan,
         redirect_slashes=False,  # a POST to .../classify/ is a 404 problem, not a 307 curl will not follow
