@@ -23,7 +23,7 @@ from service.core.errors import RepositoryError
 from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
 from service.core.version import VERSION
-from service.http import docs
+from service.http import docs, openapi
 from service.http.middleware.access_log import AccessLogMiddleware
 from service.http.middleware.admission import EXEMPT_PATHS, AdmissionMiddleware
 from service.http.middleware.auth import add_security_middleware
@@ -260,7 +260,9 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
     )
     public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())
-    add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
+    keyless = add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
+    if keyless is not None:
+        openapi.declare_bearer(app, keyless)
     app.add_middleware(AccessLogMiddleware)
     if tracer is not None:  # inside the request id (which it records), outside everything that may refuse
         app.add_middleware(TracingMiddleware, tracer=tracer, untraced=EXEMPT_PATHS | v2.PROBE_PATHS)

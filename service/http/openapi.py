@@ -8,7 +8,10 @@ checked against the server (``tests/service/test_openapi.py`` runs schemathesis 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+from fastapi import FastAPI
 
 from service.core.errors import PROBLEM_MEDIA_TYPE
 
@@ -84,3 +87,29 @@ def image_responses(result_schema: dict[str, Any]) -> dict[int | str, dict[str, 
         "content": {"application/json": {"schema": {"anyOf": [result_schema, several]}}},
     }
     return {200: ok, **problem_responses(400, 401, 404, 408, 413, 415, 422, 500, 503, 504)}
+
+
+SECURITY_SCHEME = "apiKey"
+
+
+def declare_bearer(app: FastAPI, public_paths: frozenset[str]) -> None:
+    """Make the OpenAPI document say which operations need the bearer key (Swagger's Authorize)."""
+    generate: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema:
+            return app.openapi_schema
+        schema = generate()
+        schema.setdefault("components", {}).setdefault("securitySchemes", {})[SECURITY_SCHEME] = {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "One of the keys in PATCHSERVE_API_KEYS.",
+        }
+        for path, operations in schema.get("paths", {}).items():
+            for operation in operations.values():
+                operation["security"] = [] if path in public_paths else [{SECURITY_SCHEME: []}]
+                if path not in public_paths:
+                    operation.setdefault("responses", {}).setdefault("401", problem_responses(401)[401])
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]

@@ -24,8 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
 
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
@@ -33,10 +32,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from service.core.errors import Unauthorized
 from service.core.settings import Settings
-from service.http.openapi import problem_responses
 from service.http.problems import error_response_for
-
-SECURITY_SCHEME = "apiKey"
 
 
 def _digest(key: bytes) -> bytes:
@@ -92,30 +88,9 @@ class ApiKeyMiddleware:
         await response(scope, receive, send)
 
 
-def _declare_bearer(app: FastAPI, public_paths: frozenset[str]) -> None:
-    """Make the OpenAPI document say which operations need the bearer key (Swagger's Authorize)."""
-    generate: Callable[[], dict[str, Any]] = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema:
-            return app.openapi_schema
-        schema = generate()
-        schema.setdefault("components", {}).setdefault("securitySchemes", {})[SECURITY_SCHEME] = {
-            "type": "http",
-            "scheme": "bearer",
-            "description": "One of the keys in PATCHSERVE_API_KEYS.",
-        }
-        for path, operations in schema.get("paths", {}).items():
-            for operation in operations.values():
-                operation["security"] = [] if path in public_paths else [{SECURITY_SCHEME: []}]
-                if path not in public_paths:
-                    operation.setdefault("responses", {}).setdefault("401", problem_responses(401)[401])
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def add_security_middleware(app: FastAPI, settings: Settings, public_paths: Iterable[str] = ()) -> None:
+def add_security_middleware(
+    app: FastAPI, settings: Settings, public_paths: Iterable[str] = ()
+) -> frozenset[str] | None:
     """Install API-key checking (when keys are set) and CORS (when origins are set) on ``app``.
 
     ``public_paths`` are served without a key besides ``settings.auth_public_paths`` (the
@@ -124,11 +99,15 @@ def add_security_middleware(app: FastAPI, settings: Settings, public_paths: Iter
     Call it before adding the request-id middleware, which must stay outermost so that a 401
     carries the request id. CORS wraps the key check, so preflights (which carry no key) are
     answered and a 401 still carries the CORS headers a browser needs to read it.
+
+    Returns:
+        The paths served without a key when keys are set (for the OpenAPI document's
+        :func:`service.http.openapi.declare_bearer`), else None.
     """
+    public = None
     if settings.api_keys:
         public = frozenset([*settings.auth_public_paths, *public_paths])
         app.add_middleware(ApiKeyMiddleware, keys=settings.api_keys, public_paths=public)
-        _declare_bearer(app, public)
     if settings.cors_allow_origins:
         app.add_middleware(
             CORSMiddleware,
@@ -145,3 +124,4 @@ def add_security_middleware(app: FastAPI, settings: Settings, public_paths: Iter
             expose_headers=["X-Request-ID", "Server-Timing", "Retry-After", "Inference-Header-Content-Length"],
             max_age=600,
         )
+    return public
