@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 import orjson
-from fastapi.responses import JSONResponse, Response
 
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 
@@ -361,8 +360,3 @@ def encode_infer_response(
         "Content-Type": "application/octet-stream",
         HEADER_LENGTH: str(len(header)),
     }
-
-
-def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
-    """The protocol's error: ``{"error": message}`` with ``status``."""
-    return JSONResponse({"error": message}, status_code=status, headers=headers)

@@ -25,7 +25,7 @@ from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, get_repository
 from service.http.lifetime import requested_timeout, unless_disconnected
-from service.http.problems import unexpected
+from service.http.problems import protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.uploads import read_body
 from service.runtime.repository import ModelVersion
@@ -43,7 +43,6 @@ from service.v2.openapi import (
 from service.v2.protocol import (
     HEADER_LENGTH,
     encode_infer_response,
-    error_response,
     inflate,
     parse_infer_request,
 )
@@ -69,14 +68,15 @@ class ProtocolRoute(APIRoute):
             try:
                 return await handler(request)
             except ProblemError as exc:
-                return error_response(exc.status, exc.detail, exc.headers)
+                return protocol_error_response(exc.status, exc.detail, exc.headers)
             except RequestValidationError as exc:
-                return error_response(400, "; ".join(str(e.get("msg")) for e in exc.errors()) or "invalid request")
+                detail = "; ".join(str(e.get("msg")) for e in exc.errors()) or "invalid request"
+                return protocol_error_response(400, detail)
             except StarletteHTTPException as exc:
-                return error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+                return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
             except Exception as exc:
                 error = unexpected(exc, f"{request.method} {request.url.path}")
-                return error_response(error.status, error.detail)
+                return protocol_error_response(error.status, error.detail)
 
         return run
 
@@ -307,7 +307,7 @@ async def unknown(request: Request) -> Response:
     allowed = _allowed_methods(request)
     if allowed:
         methods = ", ".join(allowed)
-        return error_response(
+        return protocol_error_response(
             405, f"{request.method} is not allowed on {request.url.path}; use {methods}", {"Allow": methods}
         )
-    return error_response(404, f"no such endpoint: {request.method} {request.url.path}")
+    return protocol_error_response(404, f"no such endpoint: {request.method} {request.url.path}")
