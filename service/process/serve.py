@@ -39,6 +39,7 @@ from typing import Any
 import uvicorn
 from uvicorn.supervisors import multiprocess
 
+from service.core.errors import RepositoryError
 from service.core.lifecycle import request_shutdown
 from service.core.logs import log_config
 from service.core.settings import Settings
@@ -178,7 +179,6 @@ def run(settings: Settings) -> int:
     """
     folder, created = prepare_multiprocess_dir()
     try:
-        from service.core.errors import RepositoryError
         from service.http.app import validate_repository  # imports prometheus_client: after the folder is set
 
         try:

@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from service import tasks
 from service.imaging.spec import Preprocessing, Size
 
 SCHEMA_VERSION = 1
@@ -165,8 +166,6 @@ class Manifest(_Strict):
     @field_validator("task")
     @classmethod
     def _registered_task(cls, task: str) -> str:
-        from service import tasks  # the registry imports the task modules, which import this one
-
         if task not in tasks.names():
             raise ValueError(f"unknown task {task!r}; registered tasks: {', '.join(tasks.names())}")
         return task
@@ -180,8 +179,6 @@ class Manifest(_Strict):
             raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
         if self.class_maps is not None and self.class_maps.output not in self.outputs:
             raise ValueError(f"class_maps.output {self.class_maps.output!r} is not one of outputs {self.outputs}")
-        from service import tasks
-
         task = tasks.get(self.task)
         if self.roles is not None and not set(self.roles.values()) <= set(self.outputs):
             raise ValueError(f"roles {self.roles} name outputs that are not in outputs {self.outputs}")

@@ -139,7 +139,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_graph_sees_imports_inside_functions_and_relative_ones() -> None:
     graph = _graph()
-    assert "service.tasks" in graph["service.runtime.manifest"]  # imported inside a validator
+    assert "service.tasks" in graph["service.runtime.manifest"]
     assert "service.http.app" in graph["service.process.serve"]  # imported inside a function
     assert {"service.tasks.base", "service.tasks.classification"} <= graph["service.tasks"]
     assert "service.runtime.repository" not in graph["service.tasks.base"]  # TYPE_CHECKING only
