@@ -1,4 +1,4 @@
-"""Pure ASGI middleware (no per-request task or body buffering, unlike BaseHTTPMiddleware)."""
+"""The request id and the whole request's timing: the outermost middleware, and the last resort for a bug's 500."""
 
 from __future__ import annotations
 
