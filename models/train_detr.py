@@ -69,7 +69,7 @@ TRAINING_DATA = (
 
 
 def preprocessing_spec():
-    """``PREPROCESSING`` as the manifest's :class:`service.runtime.manifest.Preprocessing`."""
+    """``PREPROCESSING`` as the manifest's :class:`service.imaging.spec.Preprocessing`."""
     from service.imaging.spec import Preprocessing
 
     return Preprocessing.model_validate(PREPROCESSING)

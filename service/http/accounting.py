@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from service.core import metrics
+from service.core.errors import ModelNotFound
 
 UNKNOWN = (metrics.UNKNOWN_MODEL, "")
 
@@ -72,10 +73,8 @@ def labels_for(repository: Any | None, name: str, version: str | None) -> tuple[
         return UNKNOWN
     try:
         model = repository.get(name, version)
-    except Exception as exc:  # ModelNotFound (404); errors.py imports this module, so not by name
-        if getattr(exc, "status", None) == 404:
-            return UNKNOWN
-        raise
+    except ModelNotFound:
+        return UNKNOWN
     return model.name, str(model.version)
 
 
