@@ -22,7 +22,7 @@ from pathlib import Path
 from PIL import Image
 
 from bench.raw import preprocessor_for
-from service.images import decode_image
+from service.imaging.images import decode_image
 
 
 def decode_cost(model_dir: Path, files: Sequence[Path], *, repeats: int = 3) -> dict:

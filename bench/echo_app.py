@@ -5,7 +5,7 @@
 The benchmark's ceiling (``bench.report.ceiling``) needs the CPU seconds per request that the
 HTTP machinery costs on its own, with no decoding and no model: uvicorn with uvloop and httptools
 (what patchserve runs), the body received in full, the multipart parsed with python-multipart's
-streaming parser (as patchserve's ``service/api/uploads.py`` does) and the image part's bytes
+streaming parser (as patchserve's ``service/http/uploads.py`` does) and the image part's bytes
 kept in memory, then ``{"ok": true}``. ``bench.run`` posts to it with wrk under the same load as
 the contestants and divides the server process's CPU time by the requests it answered.
 """

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from bench import images, loadgen, pyloadgen, raw, servers
 from bench.run import machine
-from service.manifest import load_manifest
+from service.runtime.manifest import load_manifest
 from service.tasks import detection
 
 log = logging.getLogger("bench.gpu")

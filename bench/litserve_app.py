@@ -18,9 +18,9 @@ import litserve as ls
 import numpy as np
 import onnxruntime as ort
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 
 
 class ViTAPI(ls.LitAPI):

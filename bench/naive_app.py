@@ -18,9 +18,9 @@ import numpy as np
 import onnxruntime as ort
 from fastapi import FastAPI, UploadFile
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 
 MODEL_DIR = Path(os.environ.get("PATCHSERVE_BENCH_MODEL", "bench/.work/model_repository/vit-ti16-random/1"))
 manifest = load_manifest(MODEL_DIR / "model.json")

@@ -1,7 +1,7 @@
 """The in-process baselines: (a) ONNX Runtime alone on pre-decoded tensors, (b) decode + preprocess + ORT.
 
-Both use the server's own decoding (``service.images.decode_image``, JPEG draft mode) and
-preprocessing (``service.preprocess.Preprocessor``) so that every figure in a run measures the
+Both use the server's own decoding (``service.imaging.images.decode_image``, JPEG draft mode) and
+preprocessing (``service.imaging.preprocess.Preprocessor``) so that every figure in a run measures the
 same work, and an ONNX Runtime session with its default settings (what a user gets: every
 physical core, spinning threads), on the CPU unless ``device`` says otherwise.
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
-from service.runtime import CudaOptions, OrtRunner
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
+from service.runtime.sessions import CudaOptions, OrtRunner
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 
@@ -71,7 +71,7 @@ def ort_best_batch(
 ) -> dict:
     """(a) ONNX Runtime on pre-decoded tensors, at each batch size; the best is the ceiling.
 
-    ``cudnn_conv_algo_search``: the CUDA provider's (``service.runtime.CudaOptions``); no
+    ``cudnn_conv_algo_search``: the CUDA provider's (``service.runtime.sessions.CudaOptions``); no
     effect on the CPU.
 
     Returns:

@@ -50,8 +50,8 @@ import httpx
 import numpy as np
 
 from bench import decode, images, loadgen, plots, quiet, raw, report, servers
-from service.cpus import usable_cpus
-from service.manifest import load_manifest
+from service.runtime.cpus import usable_cpus
+from service.runtime.manifest import load_manifest
 from service.tasks import classification
 
 log = logging.getLogger("bench")

@@ -30,8 +30,8 @@ async def render(photo: Path, model: str, route: str, url: str | None, params: d
             result = await client.post(path, files=files, params=params)
             picture = await client.post(path, files=files, params={**params, "render": "png"})
     else:
-        from service.app import create_app
-        from service.settings import Settings
+        from service.core.settings import Settings
+        from service.http.app import create_app
 
         app = create_app(Settings(model_repository=ROOT / "model_repository", device="cpu"))
         async with app.router.lifespan_context(app):

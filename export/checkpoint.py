@@ -13,7 +13,8 @@ from export.onnx_export import export_info, export_onnx, parity
 from models.cnn import CNN, CNNConfig
 from models.datasets import load_digits_splits
 from models.vit import ViT, ViTConfig
-from service.manifest import (
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import (
     SCHEMA_VERSION,
     AttentionSpec,
     Manifest,
@@ -23,7 +24,6 @@ from service.manifest import (
     TensorSpec,
     write_manifest,
 )
-from service.preprocess import Preprocessor
 from service.tasks import classification
 
 

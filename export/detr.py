@@ -20,8 +20,8 @@ from export.onnx_export import export_info, export_onnx, parity
 from models.detection_data import load_split, to_coco
 from models.detection_eval import coco_ap, detect_images
 from models.detr import DETR, DETRForExport, config_from_dict
-from service.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
 from service.tasks import detection
 
 OUTPUT_NAMES = ("pred_logits", "pred_boxes")

@@ -1,6 +1,6 @@
 """Measure an exported graph on held-out data exactly as the server will run it.
 
-The images go through the server's own preprocessing (:class:`service.images.Preprocessor`)
+The images go through the server's own preprocessing (:class:`service.imaging.preprocess.Preprocessor`)
 and ONNX Runtime, so the accuracy written into the manifest is the served model's accuracy.
 """
 
@@ -13,8 +13,8 @@ import onnxruntime as ort
 from PIL import Image
 
 from models.datasets import Split
-from service.manifest import Preprocessing
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.imaging.spec import Preprocessing
 
 
 def pil_image(pixels: np.ndarray) -> Image.Image:

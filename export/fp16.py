@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from service.inference import decode_and_preprocess
-from service.manifest import load_manifest, write_manifest
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.pipeline.inference import decode_and_preprocess
+from service.runtime.manifest import load_manifest, write_manifest
 
 log = logging.getLogger(__name__)
 

@@ -47,7 +47,8 @@ from PIL import Image
 from torch import nn
 
 from export.onnx_export import export_info, export_onnx, parity
-from service.manifest import (
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import (
     SCHEMA_VERSION,
     AttentionSpec,
     ClassMapSpec,
@@ -58,7 +59,6 @@ from service.manifest import (
     TensorSpec,
     write_manifest,
 )
-from service.preprocess import Preprocessor
 from service.tasks import classification, detection
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,7 @@ def labels_from_config(config: dict[str, Any], task: str | _Head) -> list[str]:
 def fused_attentions(attentions: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """Every block's softmax attention, heads fused by their mean: float32 (B, depth, 1, T, T).
 
-    The mean over heads is attention rollout's first step (``service/attention.py``), taken in
+    The mean over heads is attention rollout's first step (``service/imaging/attention.py``), taken in
     the graph so that a ViT-B/16 returns 1.9 MB a picture rather than 23 MB; the head axis is
     kept (of size 1) so the output is the manifest's (B, depth, heads, T, T) contract.
     """

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from service.manifest import ExportInfo
+from service.runtime.manifest import ExportInfo
 
 log = logging.getLogger(__name__)
 

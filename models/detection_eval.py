@@ -111,7 +111,7 @@ def detect_images(
     Args:
         run: the model (PyTorch or ONNX Runtime) on a batch of preprocessed inputs.
         images: uint8 (H, W) grayscale or (H, W, 3) RGB pixels, each image its own size.
-        preprocessing: the manifest's :class:`service.manifest.Preprocessing`.
+        preprocessing: the manifest's :class:`service.imaging.spec.Preprocessing`.
         labels: class names, "no object" last (``postprocess="sigmoid"``: none).
         threshold, max_detections: as the detect route's parameters (0 and 100 keep every
             query, as COCO evaluation wants).
@@ -121,7 +121,7 @@ def detect_images(
     Returns:
         Per image, :func:`service.tasks.detection.detect`'s list, boxes in the image's pixels.
     """
-    from service.preprocess import Preprocessor
+    from service.imaging.preprocess import Preprocessor
 
     detect = score_rule(postprocess)
     preprocess = Preprocessor(preprocessing)

@@ -4,7 +4,7 @@ One entry of ``INPUT_FORMATS`` per way of feeding the model; training, evaluatio
 checkpoint's preprocessing record all come from the same entry, so they cannot disagree:
 
 * ``letterbox`` (today's recipe and today's served graph): the server's own
-  :class:`service.preprocess.Preprocessor` letterboxes each canvas to 128x128 (scaled to fit,
+  :class:`service.imaging.preprocess.Preprocessor` letterboxes each canvas to 128x128 (scaled to fit,
   padding bottom and right); no pixel mask; target boxes normalised to that padded 128x128
   frame, as the server's ``box_scale`` reads them.
 * ``bucket`` (issue 18): each canvas at its own pixels (64-128 px, any aspect; an image over
@@ -148,8 +148,8 @@ class InputFormat:
         return Prepared(images, sizes_t, self._bucket_ids(sizes_t), targets)
 
     def _letterbox(self, canvases: list[Canvas]) -> Prepared:
-        from service.manifest import Preprocessing
-        from service.preprocess import Preprocessor
+        from service.imaging.preprocess import Preprocessor
+        from service.imaging.spec import Preprocessing
 
         preprocess = Preprocessor(Preprocessing.model_validate(PREPROCESSING))
         inputs, sizes, targets = [], [], []
@@ -212,7 +212,7 @@ class InputFormat:
         from models.detection_eval import detect_images, score_rule
 
         if not self.mask:
-            from service.manifest import Preprocessing
+            from service.imaging.spec import Preprocessing
 
             spec = Preprocessing.model_validate(PREPROCESSING)
             return detect_images(

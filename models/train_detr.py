@@ -69,8 +69,8 @@ TRAINING_DATA = (
 
 
 def preprocessing_spec():
-    """``PREPROCESSING`` as the manifest's :class:`service.manifest.Preprocessing`."""
-    from service.manifest import Preprocessing
+    """``PREPROCESSING`` as the manifest's :class:`service.imaging.spec.Preprocessing`."""
+    from service.imaging.spec import Preprocessing
 
     return Preprocessing.model_validate(PREPROCESSING)
 
@@ -79,9 +79,9 @@ def to_inputs_and_targets(canvases: list[Canvas]) -> tuple[torch.Tensor, list[di
     """Canvases -> model inputs float32 (N, 1, 128, 128) and DETR targets, exactly as served.
 
     The letterbox format of :mod:`models.detr_inputs`: the server's own
-    :class:`service.preprocess.Preprocessor`; each target's ``boxes`` are normalised
+    :class:`service.imaging.preprocess.Preprocessor`; each target's ``boxes`` are normalised
     (cx, cy, w, h) in the letterboxed input frame, the inverse of
-    :meth:`~service.preprocess.Preprocessor.box_scale`, ``labels`` int64.
+    :meth:`~service.imaging.preprocess.Preprocessor.box_scale`, ``labels`` int64.
     """
     prepared = INPUT_FORMATS["letterbox"].prepare(canvases)
     return prepared.images, prepared.targets

@@ -1,4 +1,4 @@
-"""``python -m service``: serve with the settings from the environment (see :mod:`service.serve`).
+"""``python -m service``: serve with the settings from the environment (see :mod:`service.process.serve`).
 
 Exits with status 2 and a message naming the variable, file or field when a setting or a
 manifest is invalid, before any port is opened; with 0 after a SIGTERM has drained the server.
@@ -11,8 +11,8 @@ import logging.config
 import os
 import sys
 
-from service.logs import log_config
-from service.settings import load_settings, unknown_variables
+from service.core.logs import log_config
+from service.core.settings import load_settings, unknown_variables
 
 
 def main() -> int:
@@ -20,7 +20,7 @@ def main() -> int:
     logging.config.dictConfig(log_config(settings.log_level, settings.log_format))
     for line in unknown_variables(os.environ):  # once, here: every worker reads the settings again
         logging.getLogger("service").warning("%s", line)
-    from service.serve import run  # here: prometheus_client must not be imported before run()
+    from service.process.serve import run  # here: prometheus_client must not be imported before run()
 
     return run(settings)
 

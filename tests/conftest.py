@@ -39,7 +39,7 @@ def png_bytes(pixels: np.ndarray) -> bytes:
 
 def make_settings(**overrides: object):
     """Settings for tests: the committed repository, CPU, no environment variables read."""
-    from service.settings import Settings
+    from service.core.settings import Settings
 
     # One model instance: tests hold the runner busy to make requests queue behind it. The auto-tuner
     # is off (it measures for seconds and would make batching depend on the machine); its own tests
@@ -58,7 +58,7 @@ def make_settings(**overrides: object):
 @asynccontextmanager
 async def running_app(settings=None, **overrides: object) -> AsyncIterator[httpx.AsyncClient]:
     """An in-process app with its lifespan running, ready, and an httpx client bound to it."""
-    from service.app import create_app
+    from service.http.app import create_app
 
     app = create_app(settings or make_settings(**overrides))
     async with app.router.lifespan_context(app):
@@ -182,7 +182,7 @@ def hf_repository(tmp_path_factory) -> Path:
 
 
 class DecodeCounter:
-    """How many decodes (``service.inference._decode_and_preprocess``) ran at once, at most."""
+    """How many decodes (``service.pipeline.inference._decode_and_preprocess``) ran at once, at most."""
 
     def __init__(self) -> None:
         self.active = self.peak = 0
@@ -192,7 +192,7 @@ class DecodeCounter:
 @pytest.fixture
 def concurrent_decodes(monkeypatch: pytest.MonkeyPatch) -> DecodeCounter:
     """Counts the decodes in flight; each is held 20 ms, long enough for others to start if allowed to."""
-    from service import inference
+    from service.pipeline import inference
 
     counter, original = DecodeCounter(), inference._decode_and_preprocess
 

@@ -11,7 +11,7 @@ TASK_NAMES = {"classification", "detection"}
 SKIPPED = {".git", "tests", "runs", "data", "build", "node_modules"}
 # The Open Inference Protocol's extension is named "classification" (its server metadata and the
 # output parameter): a protocol name, not our task's.
-PROTOCOL_NAME = {("service/api/routes/v2.py", "classification"), ("service/inference_protocol.py", "classification")}
+PROTOCOL_NAME = {("service/http/routes/v2.py", "classification"), ("service/v2/protocol.py", "classification")}
 
 
 def python_files() -> list[Path]:

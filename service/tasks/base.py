@@ -21,9 +21,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
-    from service.inference import ImageOutcome
-    from service.manifest import Manifest
-    from service.repository import ModelVersion
+    from service.pipeline.inference import ImageOutcome
+    from service.runtime.manifest import Manifest
+    from service.runtime.repository import ModelVersion
 
 
 @runtime_checkable

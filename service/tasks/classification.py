@@ -12,14 +12,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 from pydantic import BaseModel, Field
 
-from service import attention
-from service.errors import InvalidParameter
-from service.postprocess import softmax
+from service.core.errors import InvalidParameter
+from service.imaging import attention
+from service.imaging.postprocess import softmax
 from service.tasks.base import BaseTask, output, register, result_schema
 
 if TYPE_CHECKING:
-    from service.inference import ImageOutcome
-    from service.repository import ModelVersion
+    from service.pipeline.inference import ImageOutcome
+    from service.runtime.repository import ModelVersion
 
 
 def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str, Any]]:

@@ -23,14 +23,15 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from service.render import displayed_canvas, png_bytes
+from service.imaging import resize
+from service.imaging.render import displayed_canvas, png_bytes
 from service.tasks.base import BaseTask, options, output, register, result_schema
 from service.tasks.detection_scores import RULES
 
 if TYPE_CHECKING:
-    from service.inference import ImageOutcome
-    from service.manifest import Manifest
-    from service.repository import ModelVersion
+    from service.pipeline.inference import ImageOutcome
+    from service.runtime.manifest import Manifest
+    from service.runtime.repository import ModelVersion
 
 
 def detect(
@@ -63,7 +64,7 @@ def detect(
         threshold: the lowest score kept, in [0, 1].
         max_detections: the most detections returned, >= 1 (the best ones).
         box_scale: (sx, sy), pixels of the displayed image per unit of normalised input
-            coordinate (:meth:`service.preprocess.Preprocessor.box_scale`).
+            coordinate (:meth:`service.imaging.preprocess.Preprocessor.box_scale`).
         image_size: (width, height) of the displayed image; boxes are clipped to it.
         scores: the score rule's name.
         top_k: the rule's candidate count (None: its default; unused by ``"softmax"``).
@@ -238,10 +239,10 @@ class Detection(BaseTask):
         """A detector takes no crop (boxes map back through the whole input frame); no-object needs its label.
 
         Raises:
-            ValueError: ``center_crop`` or ``crop_size`` in its preprocessing, or a score rule with a
+            ValueError: a cropping resize policy (``center_crop``) or ``crop_size``, or a score rule with a
                 no-object class and fewer than 2 labels.
         """
-        if manifest.preprocessing.resize == "center_crop" or manifest.preprocessing.crop_size:
+        if resize.get(manifest.preprocessing.resize).crops or manifest.preprocessing.crop_size:
             raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
         rule = RULES[options(manifest).scores]
         if rule.no_object and len(manifest.labels) < 2:

@@ -24,7 +24,7 @@ from typing import ClassVar, Protocol
 
 import numpy as np
 
-from service.postprocess import softmax
+from service.imaging.postprocess import softmax
 
 
 class ScoreRule(Protocol):

@@ -18,8 +18,8 @@ from pydantic import BaseModel, Field
 from service.tasks.base import BaseTask, output, register, result_schema
 
 if TYPE_CHECKING:
-    from service.inference import ImageOutcome
-    from service.repository import ModelVersion
+    from service.pipeline.inference import ImageOutcome
+    from service.runtime.repository import ModelVersion
 
 
 def embed(features: np.ndarray, *, normalize: bool = True) -> list[float]:

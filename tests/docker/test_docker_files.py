@@ -43,7 +43,8 @@ def test_dockerfile_serves_without_torch_as_a_non_root_user_with_exec_form_cmd(d
     assert "torch" not in text.replace("no torch", "")
     assert "USER 10001:10001" in instructions
     assert [i for i in instructions if i.startswith("CMD")] == ['CMD ["python", "-m", "service"]']  # exec form
-    assert any(i.startswith("HEALTHCHECK") and '["python", "-m", "service.healthcheck"]' in i for i in instructions)
+    healthcheck = '["python", "-m", "service.process.healthcheck"]'
+    assert any(i.startswith("HEALTHCHECK") and healthcheck in i for i in instructions)
     assert "COPY model_repository /models" in instructions and "PATCHSERVE_MODEL_REPOSITORY=/models" in text
 
 

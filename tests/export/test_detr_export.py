@@ -10,7 +10,7 @@ import torch
 
 from export.onnx_export import export_onnx, parity
 from models.detr import DETRForExport, build
-from service.manifest import load_manifest
+from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY
 
 pytestmark = pytest.mark.slow

@@ -12,7 +12,7 @@ import torch
 from export import evaluate
 from export.onnx_export import ParityError, export_onnx, parity
 from models.vit import build
-from service.manifest import load_manifest
+from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY
 
 COMMITTED = MODEL_REPOSITORY / "vit-digits" / "1"

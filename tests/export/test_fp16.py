@@ -8,8 +8,8 @@ import pytest
 
 from export import fp16
 from export.__main__ import main
-from service.manifest import load_manifest
-from service.runtime import OrtRunner
+from service.runtime.manifest import load_manifest
+from service.runtime.sessions import OrtRunner
 from tests.conftest import MODEL_REPOSITORY, png_bytes
 
 COMMITTED = MODEL_REPOSITORY / "vit-digits" / "1"

@@ -13,8 +13,9 @@ from PIL import Image
 
 from export.hf import ImportRefused, export_hf, labels_from_config, preprocessing_from_processor
 from export.hf_presets import PRESETS, build
-from service.manifest import Size, load_manifest
-from service.preprocess import Preprocessor, keep_aspect_size
+from service.imaging.preprocess import Preprocessor
+from service.imaging.resize import keep_aspect_size
+from service.runtime.manifest import Size, load_manifest
 from tests.conftest import HF_PRESETS
 
 IMAGES = Path("/work/shared/images/skimage")

@@ -22,8 +22,8 @@ from PIL import Image
 from export.hf import ImportRefused, export_hf, preprocessing_from_processor
 from export.hf_backbones import BACKBONE_PRESETS
 from export.hf_presets import PRESETS
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
 from tests.export.hf_helpers import import_presets, transformers_model
 from tests.service.test_api import assert_problem

@@ -23,8 +23,8 @@ from PIL import Image
 from export.hf import HEADS, TASKS, ImportRefused, export_hf, labels_from_config, preprocessing_from_processor
 from export.hf_detectors import FAMILIES
 from export.hf_presets import PRESETS
-from service.manifest import Size, load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import Size, load_manifest
 from service.tasks.detection_scores import RULES
 from tests.conftest import MODEL_REPOSITORY, ROOT, running_app
 from tests.export.hf_helpers import import_presets, transformers_model

@@ -6,8 +6,8 @@ import numpy as np
 import onnx
 
 from export.__main__ import main
-from service.manifest import load_manifest
-from service.runtime import OrtRunner
+from service.runtime.manifest import load_manifest
+from service.runtime.sessions import OrtRunner
 
 
 def test_a_random_config_exports_with_parity_and_a_manifest_that_says_what_it_is(tmp_path, capsys) -> None:

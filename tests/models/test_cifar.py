@@ -122,8 +122,8 @@ def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path) -> 
     import numpy as np
     import onnxruntime as ort
 
-    from service.attention import rollout_grid
-    from service.manifest import load_manifest
+    from service.imaging.attention import rollout_grid
+    from service.runtime.manifest import load_manifest
 
     served = load_manifest(tmp_path / "repo" / "1" / "model.json")
     session = ort.InferenceSession(str(tmp_path / "repo" / "1" / "model.onnx"), providers=["CPUExecutionProvider"])

@@ -23,9 +23,9 @@ import onnx
 import onnxruntime as ort
 from onnx import helper, numpy_helper
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 
 
 def _reversed_logits(graph_path: Path, out: Path, classes: int) -> None:

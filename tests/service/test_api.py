@@ -131,7 +131,7 @@ async def test_models_listing_reports_provider_and_batching() -> None:
 
 def test_importing_and_building_the_app_never_imports_torch() -> None:
     code = (
-        "import sys; from service.app import create_app; from service.settings import Settings; "
+        "import sys; from service.http.app import create_app; from service.core.settings import Settings; "
         "create_app(Settings(model_repository='model_repository')); "
         "assert 'torch' not in sys.modules, 'torch was imported'; print('ok')"
     )

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.attention import COLORMAP, heatmap_image, png_bytes, render_png, rollout, rollout_grid
-from service.manifest import Preprocessing
-from service.preprocess import Preprocessor
+from service.imaging.attention import COLORMAP, heatmap_image, png_bytes, render_png, rollout, rollout_grid
+from service.imaging.preprocess import Preprocessor
+from service.imaging.spec import Preprocessing
 
 
 def uniform(depth: int, heads: int, tokens: int) -> np.ndarray:

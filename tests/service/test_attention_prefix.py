@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from service.attention import class_map, rollout, rollout_grid
-from service.manifest import AttentionSpec
+from service.imaging.attention import class_map, rollout, rollout_grid
+from service.runtime.manifest import AttentionSpec
 
 
 def one_block(tokens: int) -> np.ndarray:

@@ -6,8 +6,8 @@ from hmac import compare_digest
 
 import pytest
 
-from service import auth
-from service.settings import load_settings
+from service.core.settings import load_settings
+from service.http.middleware import auth
 from tests.conftest import ROOT, running_app
 from tests.service.test_api import assert_problem
 from tests.service.test_uploads import Chunks

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.batch_arrays import BatchBuffers, detach, stack_inputs
+from service.batching.arrays import BatchBuffers, detach, stack_inputs
 
 
 def item(ident: int, shape: tuple[int, ...] = (3, 4, 5)) -> np.ndarray:

@@ -18,15 +18,10 @@ import numpy as np
 import pytest
 from prometheus_client import REGISTRY
 
-from service.batching import (
-    Batcher,
-    BatchingConfig,
-    BatchOutputMismatch,
-    InferenceResult,
-    split_outputs,
-    stack_inputs,
-)
-from service.errors import DeadlineExceeded, InferenceFailed, Unavailable
+from service.batching.arrays import BatchOutputMismatch, split_outputs, stack_inputs
+from service.batching.batcher import Batcher
+from service.batching.config import BatchingConfig, InferenceResult
+from service.core.errors import DeadlineExceeded, InferenceFailed, Unavailable
 
 pytestmark = pytest.mark.anyio
 HANG_GUARD = 10.0  # seconds; only so that a broken batcher fails a test instead of hanging it

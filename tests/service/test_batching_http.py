@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import uvicorn
 
-from service.app import create_app
-from service.runtime import OrtRunner
+from service.http.app import create_app
+from service.runtime.sessions import OrtRunner
 from tests.conftest import MODEL_REPOSITORY, free_port, make_settings, png_bytes, running_app
 from tests.service.test_api import assert_problem, sample
 

@@ -12,8 +12,9 @@ from contextlib import asynccontextmanager
 import numpy as np
 import pytest
 
-from service.batching import Batcher, BatchingConfig
-from service.errors import InferenceFailed, Unavailable
+from service.batching.batcher import Batcher
+from service.batching.config import BatchingConfig
+from service.core.errors import InferenceFailed, Unavailable
 from tests.service.test_batching import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
 
 pytestmark = pytest.mark.anyio

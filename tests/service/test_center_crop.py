@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.manifest import Manifest, Preprocessing
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import Manifest, Preprocessing
 from tests.conftest import MODEL_REPOSITORY
 
 

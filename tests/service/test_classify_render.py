@@ -81,7 +81,7 @@ async def test_picture_errors_are_problems() -> None:
 def test_accept_asks_for_the_picture_only_when_it_prefers_png(accept: str, png: bool) -> None:
     from starlette.requests import Request
 
-    from service.api.routes.inference import _wants_png
+    from service.http.routes.inference import _wants_png
 
     request = Request({"type": "http", "headers": [(b"accept", accept.encode())] if accept else []})
     assert _wants_png(request, None) is png

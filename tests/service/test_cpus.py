@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.cpus import UsableCpus, cgroup_quota, plan_threads, usable_cpus
+from service.runtime.cpus import UsableCpus, cgroup_quota, plan_threads, usable_cpus
 
 
 def write(root: Path, files: dict[str, str]) -> None:

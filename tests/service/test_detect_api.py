@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.manifest import load_manifest
+from service.runtime.manifest import load_manifest
 from service.tasks.detection import font_size
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
 from tests.service.test_api import assert_problem

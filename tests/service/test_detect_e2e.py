@@ -13,7 +13,7 @@ from PIL import Image
 
 from models.detection_data import example_canvas, load_split, to_coco
 from models.detection_eval import coco_ap
-from service.manifest import load_manifest
+from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, server_process
 
 pytestmark = pytest.mark.slow

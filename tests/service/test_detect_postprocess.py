@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.manifest import Preprocessing
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.imaging.spec import Preprocessing
 from service.tasks.detection import detect
 
 LABELS = ["cat", "dog", "no-object"]

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from service.manifest import ManifestError, load_manifest
+from service.runtime.manifest import ManifestError, load_manifest
 from service.tasks import detection
 from service.tasks.detection import DetectOptions, detect
 from service.tasks.detection_scores import RULES, SigmoidTopK, SoftmaxNoObject

@@ -11,9 +11,9 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY, SERVE_PYTHON, png_bytes, server_process
 
 pytestmark = pytest.mark.slow

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.inference import decode_and_preprocess
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.pipeline.inference import decode_and_preprocess
+from service.runtime.manifest import load_manifest
 from service.tasks.embedding import embed
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
 from tests.service.image_fixtures import with_orientation

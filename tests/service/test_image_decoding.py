@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.errors import InvalidImage, PayloadTooLarge
-from service.images import HEIF_AVAILABLE, decode_image
+from service.core.errors import InvalidImage, PayloadTooLarge
+from service.imaging.formats import HEIF_AVAILABLE
+from service.imaging.images import decode_image
 from tests.conftest import ROOT
 from tests.service.image_fixtures import (
     DISPLAY,
@@ -184,8 +185,9 @@ def test_heic_decodes_with_the_extra() -> None:
 def test_heic_without_the_extra_is_415_naming_the_format() -> None:
     code = (
         "import sys; sys.modules['pillow_heif'] = None\n"  # as if the heic extra were not installed
-        "from service.images import HEIF_AVAILABLE, decode_image\n"
-        "from service.errors import InvalidImage\n"
+        "from service.imaging.formats import HEIF_AVAILABLE\n"
+        "from service.imaging.images import decode_image\n"
+        "from service.core.errors import InvalidImage\n"
         "assert not HEIF_AVAILABLE\n"
         "try:\n"
         "    decode_image(open('tests/images/pillow/hopper.heif', 'rb').read(), color_mode='RGB', max_pixels=10**6)\n"

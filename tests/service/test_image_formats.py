@@ -10,8 +10,9 @@ import csv
 
 import pytest
 
-from service.errors import InvalidImage
-from service.images import HEIF_AVAILABLE, decode_image
+from service.core.errors import InvalidImage
+from service.imaging.formats import HEIF_AVAILABLE
+from service.imaging.images import decode_image
 from tests.conftest import ROOT, running_app
 from tests.service.image_fixtures import GENERATED
 

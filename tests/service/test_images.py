@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.errors import BadRequest, InvalidImage, PayloadTooLarge
-from service.images import decode_image
-from service.manifest import Preprocessing
-from service.preprocess import Preprocessor
+from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.imaging.spec import Preprocessing
 from tests.conftest import png_bytes
 
 
@@ -103,8 +103,8 @@ def test_jpeg_draft_mode_decodes_a_large_photo_smaller() -> None:
 def test_a_strip_one_pixel_wide_keeps_a_side_of_at_least_one_pixel_under_shortest_edge() -> None:
     from PIL import Image
 
-    from service.manifest import Preprocessing
-    from service.preprocess import Preprocessor
+    from service.imaging.preprocess import Preprocessor
+    from service.imaging.spec import Preprocessing
 
     spec = Preprocessing(
         color_mode="RGB", resize="shortest_edge", shortest_edge=800, longest_edge=1333, mean=[0.5] * 3, std=[0.5] * 3
@@ -123,7 +123,7 @@ def test_reading_a_png_header_decodes_no_pixel_and_its_late_exif_still_turns_it(
 
     from PIL import Image, ImageFile
 
-    from service.images import open_image
+    from service.imaging.images import open_image
 
     buffer = io.BytesIO()
     Image.new("L", (30, 20), 200).save(buffer, "PNG")

@@ -16,9 +16,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from service.api.uploads import _MultipartImages
-from service.errors import BadRequest, InvalidImage, PayloadTooLarge
-from service.images import decode_image
+from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
+from service.http.uploads import _MultipartImages
+from service.imaging.images import decode_image
 from tests.conftest import ROOT
 from tests.service.image_fixtures import GENERATED
 

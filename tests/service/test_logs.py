@@ -8,7 +8,8 @@ import logging.config
 
 import pytest
 
-from service.logs import ACCESS_LOGGER, MAX_LOGGED_PATH, JsonFormatter, log_config
+from service.core.logs import ACCESS_LOGGER, JsonFormatter, log_config
+from service.http.middleware.access_log import MAX_LOGGED_PATH
 from tests.conftest import ROOT, running_app
 
 pytestmark = pytest.mark.anyio

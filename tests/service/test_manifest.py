@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from service.manifest import ManifestError, load_manifest
-from service.settings import load_settings, unknown_variables
+from service.core.settings import load_settings, unknown_variables
+from service.runtime.manifest import ManifestError, load_manifest
 from tests.conftest import MODEL_REPOSITORY, ROOT
 
 COMMITTED = MODEL_REPOSITORY / "vit-digits" / "1" / "model.json"

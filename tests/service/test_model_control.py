@@ -14,7 +14,15 @@ from pathlib import Path
 
 import pytest
 
-from service.version_policy import DEFAULT_POLICY, All, ConfigError, Latest, Specific, VersionPolicy, parse_config
+from service.runtime.version_policy import (
+    DEFAULT_POLICY,
+    All,
+    ConfigError,
+    Latest,
+    Specific,
+    VersionPolicy,
+    parse_config,
+)
 from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
 from tests.service.model_versions import Reference, publish
 from tests.service.test_api import sample

@@ -9,9 +9,9 @@ import threading
 import pytest
 from PIL import Image
 
-from service import inference
-from service.errors import DeadlineExceeded, PayloadTooLarge
-from service.pixel_budget import PixelBudget
+from service.core.errors import DeadlineExceeded, PayloadTooLarge
+from service.imaging.pixel_budget import PixelBudget
+from service.pipeline import inference
 from tests.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -111,7 +111,7 @@ async def test_the_full_size_picture_is_dropped_unless_render_needs_it() -> None
 
 def test_a_large_still_webp_is_decoded_scaled_like_a_jpeg_draft() -> None:
     # Issue 15 F: Pillow's WebP path held three full canvases (608 MiB for a 6300x6300 file).
-    from service.images import decode_image
+    from service.imaging.images import decode_image
 
     buffer = io.BytesIO()
     Image.new("RGB", (4000, 3000), (30, 60, 90)).save(buffer, "WEBP", lossless=True)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from service.postprocess import softmax
+from service.imaging.postprocess import softmax
 from service.tasks.classification import classify
 
 

@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.manifest import Preprocessing, load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import Preprocessing, load_manifest
 from tests.conftest import MODEL_REPOSITORY, running_app
 
 SIDES = range(1, 1101)
@@ -130,8 +130,8 @@ def _png(width: int, height: int, mode: str = "RGB") -> bytes:
 
 
 def test_a_model_input_over_max_pixels_is_a_413_before_it_is_resized() -> None:
-    from service.errors import PayloadTooLarge
-    from service.inference import decode_and_preprocess
+    from service.core.errors import PayloadTooLarge
+    from service.pipeline.inference import decode_and_preprocess
 
     uncapped = Preprocessor(POLICIES["shortest_edge-uncapped"])  # 1x4000 -> (H, W) = (896000, 224) input pixels
     with pytest.raises(PayloadTooLarge, match="896000x224"):

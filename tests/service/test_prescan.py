@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.errors import PayloadTooLarge
-from service.images import decode_image
-from service.prescan import PrescanLimits, prescan
+from service.core.errors import PayloadTooLarge
+from service.imaging.images import decode_image
+from service.imaging.prescan import PrescanLimits, prescan
 from tests.conftest import ROOT, running_app
 
 LIMITS = PrescanLimits()

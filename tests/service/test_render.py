@@ -7,7 +7,7 @@ import io
 import numpy as np
 from PIL import Image
 
-from service.render import png_bytes
+from service.imaging.render import png_bytes
 from service.tasks.detection import PALETTE, draw_detections, font_size, line_width
 
 

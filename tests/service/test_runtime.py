@@ -8,7 +8,7 @@ import httpx
 import numpy as np
 import pytest
 
-from service.runtime import CPU, CUDA, CudaOptions, OrtRunner, providers_with_options
+from service.runtime.sessions import CPU, CUDA, CudaOptions, OrtRunner, providers_with_options
 from tests.conftest import MODEL_REPOSITORY, png_bytes, running_app
 
 GRAPH = MODEL_REPOSITORY / "vit-digits" / "1" / "model.onnx"
@@ -71,11 +71,12 @@ def test_cuda_options_go_with_the_cuda_provider_only() -> None:
 def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    from service import serve
+    from service.process import serve
     from tests.conftest import make_settings
 
     config = serve.uvicorn_config(make_settings(backlog=4096, send_timeout=7.5))
-    assert (config.loop, config.http, config.backlog) == ("uvloop", "service.connections:SendTimeoutProtocol", 4096)
+    protocol = "service.process.connections:SendTimeoutProtocol"
+    assert (config.loop, config.http, config.backlog) == ("uvloop", protocol, 4096)
     config.load()
     assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
     assert serve.uvicorn_config(make_settings()).backlog == 2048
@@ -96,7 +97,7 @@ async def test_several_instances_serve_one_model_and_are_reported(digits_test_sp
         ]
         answers = [r.json() for r in await asyncio.gather(*responses)]
     from export import evaluate
-    from service.manifest import load_manifest
+    from service.runtime.manifest import load_manifest
 
     in_process = evaluate.predict(GRAPH, load_manifest(GRAPH.with_name("model.json")).preprocessing, images)
     assert [a["predictions"][0]["class_id"] for a in answers] == in_process.tolist()
@@ -104,7 +105,7 @@ async def test_several_instances_serve_one_model_and_are_reported(digits_test_sp
 
 
 def test_device_cuda_without_the_cuda_provider_is_reported_not_assumed(monkeypatch) -> None:
-    from service import runtime
+    from service.runtime import sessions as runtime
 
     preloaded = []
     monkeypatch.setattr(runtime.ort, "preload_dlls", lambda: preloaded.append(True), raising=False)
@@ -124,7 +125,7 @@ def test_device_cuda_without_the_cuda_provider_is_reported_not_assumed(monkeypat
 
 @pytest.mark.anyio
 async def test_device_cuda_keeps_readyz_at_503_saying_why_when_only_the_cpu_provider_loads() -> None:
-    from service.app import create_app
+    from service.http.app import create_app
     from tests.conftest import make_settings
 
     app = create_app(make_settings(device="cuda"))

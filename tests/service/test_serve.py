@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service import serve
-from service.metrics import mark_dead_workers
+from service.core import lifecycle
+from service.core.metrics import mark_dead_workers
+from service.process import serve
 from tests.conftest import make_settings
 
 
@@ -20,8 +21,8 @@ def test_uvicorn_config_defaults_outlast_proxies_and_cover_the_drain() -> None:
     config = serve.uvicorn_config(make_settings())
     assert config.timeout_keep_alive == 75  # above the 60 s idle timeout of common proxies and balancers
     assert config.timeout_graceful_shutdown == 30 and config.drain_delay == 5.0
-    assert config.access_log is False  # service.logs writes the one line per request
-    assert config.factory and config.app == "service.app:build_app"
+    assert config.access_log is False  # service.http.middleware.access_log writes the one line per request
+    assert config.factory and config.app == "service.http.app:build_app"
     custom = serve.uvicorn_config(make_settings(keep_alive_timeout=620, drain_delay=0, workers=3))
     assert (custom.timeout_keep_alive, custom.drain_delay, custom.workers) == (620, 0.0, 3)
 
@@ -57,7 +58,7 @@ def test_first_sigterm_drains_repeats_are_ignored_and_the_delay_ends_it() -> Non
     server = serve.DrainingServer(serve.uvicorn_config(make_settings(drain_delay=0.2)))
     try:
         server.handle_exit(signal.SIGTERM, None)
-        assert serve.shutdown_requested() and not server.should_exit  # 503 on /readyz, still accepting
+        assert lifecycle.shutdown_requested() and not server.should_exit  # 503 on /readyz, still accepting
         server.handle_exit(signal.SIGTERM, None)  # from systemd, timeout(1) or the supervisor: no change
         assert not server.should_exit
         assert asyncio.run(server.on_tick(1)) is False
@@ -65,7 +66,7 @@ def test_first_sigterm_drains_repeats_are_ignored_and_the_delay_ends_it() -> Non
         assert asyncio.run(server.on_tick(2)) is True and server.should_exit  # stop accepting now
         assert server._captured_signals == []  # nothing re-raised after shutdown: exit status 0
     finally:
-        serve._shutdown.clear()
+        lifecycle.clear_shutdown()
 
 
 def test_ctrl_c_twice_skips_the_delay_and_three_times_abandons_the_requests() -> None:
@@ -78,20 +79,20 @@ def test_ctrl_c_twice_skips_the_delay_and_three_times_abandons_the_requests() ->
         server.handle_exit(signal.SIGINT, None)
         assert server.force_exit
     finally:
-        serve._shutdown.clear()
+        lifecycle.clear_shutdown()
 
 
 def test_readiness_turns_503_when_the_process_is_asked_to_stop() -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from service.state import ServerState
+    from service.http.state import ServerState
 
     state = ServerState(make_settings(), ThreadPoolExecutor(1))
     state.repository = type("Empty", (), {"all": staticmethod(list)})()  # loaded, nothing unready
     assert state.not_ready_reasons() == []
-    serve._shutdown.set()
+    lifecycle.request_shutdown()
     try:
         assert state.not_ready_reasons() == ["the server is draining (shutting down)"]
     finally:
-        serve._shutdown.clear()
+        lifecycle.clear_shutdown()
         state.decode_pool.shutdown()

@@ -88,7 +88,7 @@ def test_the_registry_refuses_a_clashing_verb_and_an_incomplete_task() -> None:
 
 
 def test_a_manifest_names_its_output_roles_and_the_list_form_still_loads() -> None:
-    from service.manifest import load_manifest
+    from service.runtime.manifest import load_manifest
 
     detr = load_manifest(ROOT / "model_repository" / "detr-digits" / "1" / "model.json")
     assert tasks.role_outputs(detr) == {"logits": "pred_logits", "boxes": "pred_boxes"}
@@ -98,7 +98,7 @@ def test_a_manifest_names_its_output_roles_and_the_list_form_still_loads() -> No
 
 
 async def test_a_failed_v2_inference_is_counted_as_an_error(monkeypatch) -> None:
-    from service.api.routes import v2
+    from service.http.routes import v2
     from tests.service.test_v2 import INFER, digit_tensor, json_request
 
     def broken(*args, **kwargs):
@@ -134,7 +134,7 @@ async def test_a_failed_v2_inference_is_counted_as_an_error(monkeypatch) -> None
 def test_a_manifest_with_an_unknown_task_or_bad_roles_names_the_field(tmp_path, edit: dict, part: str) -> None:
     import json
 
-    from service.manifest import Manifest, ManifestError, load_manifest
+    from service.runtime.manifest import Manifest, ManifestError, load_manifest
 
     data = json.loads((ROOT / "model_repository" / "vit-digits" / "1" / "model.json").read_text())
     assert Manifest.model_validate(data).task == "classification"

@@ -47,7 +47,7 @@ REQUESTS = 8
     ],
 )
 def test_tracing_is_on_only_with_an_endpoint_and_the_sdk_not_disabled(environ: dict, expected: bool) -> None:
-    from service.tracing import wanted
+    from service.core.tracing import wanted
 
     assert wanted(environ) is expected
 
@@ -61,7 +61,7 @@ def otel():
     return {m for m in sys.modules if m == "opentelemetry" or m.startswith("opentelemetry.")}
 import fastapi
 by_fastapi = otel()
-from service.app import build_app
+from service.http.app import build_app
 app = build_app()
 ours = sorted(otel() - by_fastapi)
 heavy = sorted(m for m in otel() if m.split(".")[1:2] in (["sdk"], ["exporter"], ["proto"]))
@@ -195,7 +195,7 @@ def _memory_tracer():
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-    from service.tracing import Tracer
+    from service.core.tracing import Tracer
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -218,7 +218,7 @@ def _from_sdk(span) -> Span:
 
 @asynccontextmanager
 async def _traced_app(tracer, **overrides) -> AsyncIterator[httpx.AsyncClient]:
-    from service.app import create_app
+    from service.http.app import create_app
 
     app = create_app(make_settings(**overrides), tracer=tracer)
     transport = httpx.ASGITransport(app=app)
@@ -395,7 +395,7 @@ def test_a_real_server_exports_request_and_batch_spans_over_otlp_http() -> None:
 @pytest.mark.anyio
 async def test_a_fault_in_tracing_a_batch_does_not_fail_the_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     pytest.importorskip("opentelemetry.sdk", reason="the otel extra")
-    from service.tracing import Tracer
+    from service.core.tracing import Tracer
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("a bug in tracing")

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.tuning import Point, TuneCache, TuneResult, batch_sizes, cache_key, choose, measure, tune
+from service.runtime.tuning import Point, TuneCache, TuneResult, batch_sizes, cache_key, choose, measure, tune
 from tests.conftest import MODEL_REPOSITORY, make_settings, running_app
 
 

@@ -11,9 +11,9 @@ import numpy as np
 import orjson
 import pytest
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 from service.tasks.classification import classify
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
 
@@ -275,7 +275,7 @@ async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> Non
 
 
 async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
-    from service.app import create_app
+    from service.http.app import create_app
     from tests.conftest import make_settings
 
     app = create_app(make_settings())

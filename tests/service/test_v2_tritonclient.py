@@ -17,9 +17,9 @@ import tritonclient.http as triton
 from PIL import Image
 from tritonclient.utils import InferenceServerException
 
-from service.images import decode_image
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.images import decode_image
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 from service.tasks import classification
 from service.tasks import detection as detection_task
 from tests.conftest import ROOT, server_process

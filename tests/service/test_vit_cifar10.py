@@ -9,9 +9,9 @@ import onnxruntime as ort
 import pytest
 from PIL import Image
 
-from service.attention import rollout_grid
-from service.manifest import load_manifest
-from service.preprocess import Preprocessor
+from service.imaging.attention import rollout_grid
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY
 
 COMMITTED = MODEL_REPOSITORY / "vit-cifar10" / "1"

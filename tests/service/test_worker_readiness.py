@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from service.worker_readiness import PREFIX, WorkerReadiness
+from service.runtime.worker_readiness import PREFIX, WorkerReadiness
 
 
 def test_ready_only_when_every_live_worker_has_marked_itself(tmp_path: Path) -> None:
@@ -31,8 +31,8 @@ def test_ready_only_when_every_live_worker_has_marked_itself(tmp_path: Path) -> 
 def test_the_server_state_adds_the_other_workers_reason_once_its_own_models_are_ready(tmp_path: Path) -> None:
     from concurrent.futures import ThreadPoolExecutor
 
-    from service.settings import Settings
-    from service.state import ServerState
+    from service.core.settings import Settings
+    from service.http.state import ServerState
 
     class Ready:
         name, version, ready, not_ready_reason = "m", 1, True, ""

@@ -1,1 +1,0 @@
-"""The HTTP layer: thin routers over the core in ``service/``."""

@@ -1,0 +1,368 @@
+"""Dynamic batching: concurrent requests for one model version share one ONNX Runtime call.
+
+One :class:`Batcher` per model version and worker process; ``await submit(x, deadline=...)``
+queues one input and returns its row of every output. The loop hands each batch to a free
+runner (``PATCHSERVE_INSTANCES`` sessions: that many batches in flight), each turn the same
+steps: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
+
+**Collect.** The oldest queued request leads the next batch; queued requests of its shape join
+it, oldest first. The batch leaves, and the reason is recorded (``patchserve_batches_total``
+and a debug log line), at ``size`` (it holds ``max_batch_size``), at ``delay`` (its oldest has
+waited ``max_queue_delay``, as in Triton), or at ``idle``: at once when the runner is idle and a
+lone request is all that is queued, so low load never waits out the delay (two or more queued
+means requests arrive together, and waiting up to the delay fills the batch). Shapes never
+mix, and a request of another shape waits only for batches led by requests older than itself.
+
+**Drop.** The queue is bounded (``queue_size``: one more gets 503 at once). A request still
+queued at its deadline gets 504 there and then, even while the runner is busy; a cancelled one
+(client gone) leaves at once. Neither is computed: the last check before stacking drops any
+that expired or were cancelled in between.
+
+**Stack, run, check/split, answer.** The inputs are stacked straight into the runner's
+preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`), the model is called once in the
+runner's own thread, every output is checked for one row per input, then split. A failing batch
+fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
+request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
+
+**Instances.** Given N runners (N sessions of one model: Triton's instance count), one batcher
+feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
+in flight at once. With one runner, a batch is collected only once the previous one has run.
+
+Times are seconds on an injectable :class:`~service.batching.clock.Clock`, so tests drive the loop without
+waiting. The queue's bookkeeping is :mod:`service.batching.queue`; the knobs :mod:`service.batching.config`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
+from service.batching.clock import Clock, MonotonicClock
+from service.batching.config import BatchingConfig, InferenceResult, RunFn
+from service.batching.queue import Request, RequestQueue
+from service.core import metrics, tracing
+from service.core.errors import BadRequest, DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
+
+log = logging.getLogger(__name__)
+
+SIZE, DELAY, IDLE = metrics.RELEASE_REASONS
+
+
+class Batcher:
+    """Collects inputs of one shape into batches and runs them, one batch at a time per runner.
+
+    Args:
+        run: the model, ``(B, C, H, W) float32 -> {output name: (B, ...)}``; blocking, called
+            from a thread of this batcher's own. Or a sequence of N such runners (N instances
+            of the model): up to N batches are then in flight at once, one per runner.
+        config: the batching knobs.
+        model, version: the model version it serves (metric labels, logs, thread names).
+        clock: the time source and timers (tests inject a manual one).
+    """
+
+    def __init__(
+        self,
+        run: RunFn | Sequence[RunFn],
+        config: BatchingConfig,
+        *,
+        model: str = "model",
+        version: str = "1",
+        clock: Clock | None = None,
+    ) -> None:
+        self._runners: list[RunFn] = [run] if callable(run) else list(run)
+        if not self._runners:
+            raise ValueError("a batcher needs at least one runner")
+        self.config = config
+        self.clock: Clock = clock or MonotonicClock()
+        self.name = f"{model}/{version}"
+        self._model_version = (model, version)
+        self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
+        self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
+        self._batch_size = metrics.BATCH_SIZE.labels(model, version)
+        self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
+        self._queue = RequestQueue(metrics.QUEUE_DEPTH.labels(model, version))
+        self._in_flight: dict[asyncio.Task[None], list[Request]] = {}  # running batches
+        self._idle_runners = list(reversed(range(len(self._runners))))  # runner 0 is used first
+        self._fatal: BaseException | None = None  # what killed a batch and so the loop
+        self._wake = asyncio.Event()  # set on every change that can make a batch due
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}-{i}")
+            for i in range(len(self._runners))
+        ]
+        self._buffers = [BatchBuffers(config.max_batch_size) for _ in self._runners]
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def running(self) -> bool:
+        """True while the batching loop is alive."""
+        return self._task is not None and not self._task.done()
+
+    @property
+    def instances(self) -> int:
+        """How many runners (model instances) this batcher feeds."""
+        return len(self._runners)
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for a batch (each holds one of ``queue_size`` places)."""
+        return self._queue.queued
+
+    @property
+    def room(self) -> int:
+        """Places left in the queue: ``queue_size - queued``."""
+        return self.config.queue_size - self._queue.queued
+
+    def admit(self, count: int, unit: str = "image(s)", *, oversize_is_400: bool = True) -> None:
+        """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless the queue has room for all now.
+
+        Raises:
+            BadRequest: with ``oversize_is_400``, ``count`` exceeds the whole ``queue_size``: it
+                could never be admitted, so a 400, not a 503 to retry.
+            Unavailable: the queue has no room for all of them now (503, Retry-After).
+        """
+        if oversize_is_400 and count > self.config.queue_size:
+            raise BadRequest(
+                f"model {self.name} admits at most {self.config.queue_size} {unit.removesuffix('(s)')}s in one "
+                f"request (its queue_size); this one has {count}. Send them in several requests"
+            )
+        if self.room < count:
+            raise Unavailable(
+                f"model {self.name}: the queue is full for this request (room for {max(self.room, 0)} {unit}, "
+                f"it has {count}); retry shortly"
+            )
+
+    def deadline(self, timeout: float | None = None) -> float:
+        """The deadline, on this batcher's clock, of a request arriving now.
+
+        Args:
+            timeout: seconds the request asked for; it may only shorten ``request_timeout``
+                (None: ``request_timeout``).
+        """
+        limit = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
+        return self.clock.now() + limit
+
+    async def start(self) -> None:
+        """Start the batching loop on the running event loop."""
+        if not self.running:
+            self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
+
+    async def stop(self) -> None:
+        """Stop the loop; requests still queued or running are answered with 503."""
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.wait({self._task})
+            if not self._task.cancelled() and self._task.exception() is not None:
+                log.warning("model %s: the batching loop had died: %r", self.name, self._task.exception())
+        for executor in self._executors:  # a run in progress ends on its own
+            await asyncio.to_thread(executor.shutdown, wait=True)
+
+    def release(self) -> None:
+        """After :meth:`stop`: drop the runners and the batch buffers, so their memory can be freed."""
+        assert not self.running, "release a stopped batcher only"
+        self._runners, self._buffers = [], []
+
+    async def submit(self, x: np.ndarray, *, deadline: float | None = None) -> InferenceResult:
+        """Queue one input and wait for its row of the batch's outputs.
+
+        Cancelling the caller (the client disconnected) takes the input out of the queue: it is
+        never computed, and its place is free at once.
+
+        Args:
+            x: float32 array (C, H, W).
+            deadline: when the request expires, on ``self.clock`` (see :meth:`deadline`);
+                None: ``request_timeout`` from now.
+
+        Raises:
+            Unavailable: the queue is full, or the batching loop is not running (503, Retry-After).
+            DeadlineExceeded: the deadline passed before a batch took the input (504).
+            InferenceFailed: the batch's run raised or returned the wrong number of rows (500).
+        """
+        if not self.running:
+            raise Unavailable(f"model {self.name}: its batching loop is not running; see /readyz")
+        now = self.clock.now()
+        deadline = now + self.config.request_timeout if deadline is None else deadline
+        if now >= deadline:
+            raise DeadlineExceeded(f"model {self.name}: the request's deadline passed before it was queued")
+        if self._queue.queued >= self.config.queue_size:
+            raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size} waiting); retry shortly")
+        request = Request(x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued())
+        request.timer = self.clock.call_at(deadline, functools.partial(self._expire, request))
+        self._queue.add(request)
+        self._wake.set()
+        try:
+            return await request.future
+        finally:
+            request.timer.cancel()
+            if request.queued:  # cancelled while it waited
+                self._queue.leave(request)
+                self._wake.set()
+
+    # The loop: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
+
+    async def _loop(self) -> None:
+        stopped_by: ProblemError = Unavailable(f"model {self.name}: the server is shutting down")
+        try:
+            while True:
+                await self._until_a_runner_is_idle()
+                batch, reason = await self._collect()
+                batch = self._drop_expired_and_cancelled(batch)
+                if not batch:
+                    continue
+                self._record_release(batch, reason)
+                runner = self._idle_runners.pop()
+                task = asyncio.create_task(self._run_batch(runner, batch, reason), name=f"batch-{self.name}-{runner}")
+                self._in_flight[task] = batch
+                task.add_done_callback(functools.partial(self._batch_done, runner))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            log.critical("model %s: the batching loop died; the model is not ready", self.name, exc_info=exc)
+            stopped_by = InferenceFailed(f"model {self.name}: the batching loop died while this batch ran: {exc!r}")
+            raise
+        finally:
+            self._answer_everyone_left(stopped_by)
+
+    async def _run_batch(self, runner: int, batch: list[Request], reason: str) -> None:
+        """Stack -> run -> check/split -> answer, for one batch on one runner (released for ``reason``)."""
+        started = self.clock.now()
+        trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
+        try:
+            first = batch[0].x
+            buffer = self._buffers[runner].get(first.shape, first.dtype, len(batch))
+            inputs = stack_inputs([request.x for request in batch], out=buffer)  # (B, C, H, W)
+            run = self._runners[runner]
+            outputs = await asyncio.get_running_loop().run_in_executor(self._executors[runner], run, inputs)
+            rows = split_outputs(detach(outputs, buffer), len(batch))
+        except Exception as exc:  # this batch fails alone; the loop goes on
+            tracing.batch_ended(trace, exc)
+            self._fail(batch, exc)
+        else:
+            tracing.batch_ended(trace)
+            self._answer(batch, rows, started, self.clock.now() - started)
+
+    def _batch_done(self, runner: int, task: asyncio.Task[None]) -> None:
+        """A batch's task ended: its runner is idle again; anything but an Exception kills the loop."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fatal = task.exception()  # its batch stays in flight, to be answered as the loop dies
+        else:
+            self._in_flight.pop(task, None)  # (gone already when the loop ended and cancelled it)
+        self._idle_runners.append(runner)
+        self._wake.set()
+
+    async def _until_a_runner_is_idle(self) -> None:
+        while not self._idle_runners or self._fatal is not None:
+            if self._fatal is not None:
+                raise self._fatal
+            self._wake.clear()
+            await self._wake.wait()
+
+    async def _collect(self) -> tuple[list[Request], str]:
+        """Wait until a batch is due; take its requests out of the queue. Returns (batch, reason)."""
+        while True:
+            if self._fatal is not None:
+                raise self._fatal
+            self._queue.purge()  # forget requests taken, expired or cancelled
+            batch = self._queue.head_batch(self.config.max_batch_size)
+            reason = self._release_reason(batch) if batch else None
+            if reason is not None:
+                for request in batch:
+                    self._queue.leave(request)
+                return batch, reason
+            timer = None
+            if batch:  # wake up when its oldest request has waited max_queue_delay
+                timer = self.clock.call_at(batch[0].enqueued + self.config.max_queue_delay, self._wake.set)
+            self._wake.clear()
+            try:
+                await self._wake.wait()
+            finally:
+                if timer is not None:
+                    timer.cancel()
+
+    def _release_reason(self, batch: list[Request]) -> str | None:
+        """Why ``batch`` should leave now (size, delay or idle), or None to keep waiting."""
+        if len(batch) >= self.config.max_batch_size:
+            return SIZE
+        if self.clock.now() >= batch[0].enqueued + self.config.max_queue_delay:
+            return DELAY
+        if self._queue.queued == 1:  # we are collecting, so a runner is idle, and this is all there is
+            return IDLE
+        return None
+
+    def _drop_expired_and_cancelled(self, batch: list[Request]) -> list[Request]:
+        """The last check before compute: a request cancelled or past its deadline is never run."""
+        now = self.clock.now()
+        kept = []
+        for request in batch:
+            if request.future.done():  # the client went away (or it was answered already)
+                continue
+            if now >= request.deadline:
+                request.future.set_exception(self._deadline_exceeded(request, now))
+                continue
+            kept.append(request)
+        if len(kept) < len(batch):
+            log.debug("model %s: dropped %d expired or cancelled request(s)", self.name, len(batch) - len(kept))
+        return kept
+
+    def _record_release(self, batch: list[Request], reason: str) -> None:
+        self._released[reason].inc()
+        self._batch_size.observe(len(batch))
+        if log.isEnabledFor(logging.DEBUG):
+            waited = self.clock.now() - batch[0].enqueued
+            log.debug(
+                "model %s: batch of %d released (%s); its oldest request waited %.3f ms, %d still queued",
+                self.name, len(batch), reason, waited * 1e3, self._queue.queued,
+            )  # fmt: skip
+
+    def _answer(self, batch: list[Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
+        self._compute_duration.observe(compute)
+        for request, row in zip(batch, rows, strict=True):
+            queued_for = started - request.enqueued
+            self._queue_duration.observe(queued_for)
+            if not request.future.done():
+                request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
+
+    def _fail(self, batch: list[Request], exc: Exception) -> None:
+        if isinstance(exc, BatchOutputMismatch):
+            detail = f"model {self.name} returned outputs that do not match its batch of {len(batch)}: {exc}"
+        else:
+            detail = f"model {self.name}: the run failed for this batch of {len(batch)}: {type(exc).__name__}: {exc}"
+        log.error("%s", detail, exc_info=exc)
+        for request in batch:
+            if not request.future.done():
+                request.future.set_exception(InferenceFailed(detail))
+
+    # Deadlines, and the end of the loop.
+
+    def _expire(self, request: Request) -> None:
+        """The deadline timer: a request still queued is answered 504 now and leaves the queue."""
+        if not request.waiting:
+            return
+        self._queue.leave(request)
+        request.future.set_exception(self._deadline_exceeded(request, self.clock.now()))
+        self._wake.set()
+
+    def _deadline_exceeded(self, request: Request, now: float) -> DeadlineExceeded:
+        waited = now - request.enqueued
+        return DeadlineExceeded(
+            f"model {self.name}: the request's deadline passed after {waited:.3f} s in the queue, before a batch ran it"
+        )
+
+    def _answer_everyone_left(self, in_flight_error: ProblemError) -> None:
+        """The loop is ending: answer the batches it was running and every queued request."""
+        for task, batch in self._in_flight.items():
+            task.cancel()  # a run in progress ends on its own, in its thread; nobody waits for it
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_exception(in_flight_error)
+        self._in_flight = {}
+        for request in self._queue.drain():
+            if not request.future.done():
+                request.future.set_exception(
+                    Unavailable(f"model {self.name}: its batching loop stopped before this request ran; see /readyz")
+                )

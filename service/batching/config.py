@@ -1,0 +1,60 @@
+"""The batcher's contract: its knobs (:class:`BatchingConfig`) and one input's answer (:class:`InferenceResult`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]  # (B, C, H, W) -> {output name: (B, ...)}
+
+
+@dataclass(frozen=True)
+class BatchingConfig:
+    """Batching knobs for one model version (Triton's dynamic-batcher names, in seconds).
+
+    Attributes:
+        max_batch_size: most inputs in one model run.
+        max_queue_delay: seconds the oldest queued input may wait for its batch to fill.
+        queue_size: most inputs waiting; one more is refused with 503 and ``Retry-After``.
+        request_timeout: seconds from a request's arrival to its deadline; a request may ask
+            for less, never more. Still queued at its deadline: 504, never computed.
+
+    Raises:
+        ValueError: a value out of range (``max_batch_size`` or ``queue_size`` < 1,
+            ``max_queue_delay`` < 0, ``request_timeout`` <= 0).
+    """
+
+    max_batch_size: int
+    max_queue_delay: float
+    queue_size: int
+    request_timeout: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.max_batch_size < 1 or self.queue_size < 1:
+            raise ValueError(f"max_batch_size and queue_size must be >= 1 (got {self})")
+        if self.max_queue_delay < 0 or self.request_timeout <= 0:
+            raise ValueError(f"max_queue_delay must be >= 0 and request_timeout > 0 (got {self})")
+
+    def override(self, **values: float | int | None) -> BatchingConfig:
+        """A copy with every value that is not None replaced (a manifest's ``batching`` section)."""
+        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+
+
+@dataclass(frozen=True)
+class InferenceResult:
+    """One input's share of a batch run.
+
+    Attributes:
+        outputs: each graph output's row for this input, batch axis removed.
+        queue_seconds: from ``submit`` to the start of the run.
+        compute_seconds: the whole batch's run time.
+        batch_size: how many inputs shared the run.
+    """
+
+    outputs: dict[str, np.ndarray]
+    queue_seconds: float
+    compute_seconds: float
+    batch_size: int

@@ -1,0 +1,93 @@
+"""The batcher's queue: requests in arrival order, each holding one place until taken, expired or cancelled.
+
+:class:`RequestQueue` keeps the count of places held (``queued``, and the ``queue_depth`` gauge)
+apart from the deque, which forgets requests that left only lazily (:meth:`RequestQueue.purge`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from service.batching.clock import Timer
+from service.batching.config import InferenceResult
+from service.core import tracing
+
+
+@dataclass(eq=False)
+class Request:
+    """One queued input, its answer's future and its deadline (seconds on the batcher's clock)."""
+
+    x: np.ndarray  # (C, H, W)
+    future: asyncio.Future[InferenceResult]
+    enqueued: float
+    deadline: float
+    queued: bool = True  # holds a place in the queue: not yet taken into a batch, expired or cancelled
+    timer: Timer | None = None
+    trace: tracing.Ticket | None = None  # its request's trace context (tracing on)
+
+    @property
+    def shape(self) -> tuple[tuple[int, ...], str]:
+        return self.x.shape, self.x.dtype.str
+
+    @property
+    def waiting(self) -> bool:
+        return self.queued and not self.future.done()
+
+
+class RequestQueue:
+    """The queued requests of one batcher, oldest first.
+
+    Args:
+        depth: the ``patchserve_queue_depth`` gauge of the batcher's model version (anything with
+            ``inc()`` and ``dec()``).
+    """
+
+    def __init__(self, depth: Any) -> None:
+        self._requests: deque[Request] = deque()  # arrival order; answered requests are purged lazily
+        self.queued = 0  # requests holding a place in the queue
+        self._depth = depth
+
+    def add(self, request: Request) -> None:
+        """Queue ``request``: it holds a place until :meth:`leave` gives it back."""
+        self._requests.append(request)
+        self.queued += 1
+        self._depth.inc()
+
+    def leave(self, request: Request) -> None:
+        """Give back the request's place in the queue (once)."""
+        if request.queued:
+            request.queued = False
+            self.queued -= 1
+            self._depth.dec()
+
+    def purge(self) -> None:
+        """Forget the requests that left (taken, expired or cancelled)."""
+        if len(self._requests) > self.queued:
+            self._requests = deque(request for request in self._requests if request.queued)
+
+    def head_batch(self, max_batch_size: int) -> list[Request]:
+        """The oldest waiting request and the waiting requests of its shape, oldest first, up to max_batch_size."""
+        batch: list[Request] = []
+        for request in self._requests:
+            if not request.waiting:
+                if request.queued:  # cancelled, and its submit has not run its cleanup yet
+                    self.leave(request)
+                continue
+            if not batch or request.shape == batch[0].shape:
+                batch.append(request)
+                if len(batch) == max_batch_size:
+                    break
+        return batch
+
+    def drain(self) -> list[Request]:
+        """Every request still in the deque, each having left the queue; the queue is empty after."""
+        requests = list(self._requests)
+        for request in requests:
+            self.leave(request)
+        self._requests.clear()
+        return requests

@@ -1,0 +1,117 @@
+"""Domain exceptions: what any layer raises, each carrying its HTTP status and problem type.
+
+Only the exception types live here (no web framework, no metrics): their one mapping to
+``application/problem+json`` (RFC 9457) is :mod:`service.http.problems`. A 500 is only ever
+:class:`InferenceFailed` (a fault of ours) or an unexpected bug; bad input always maps to a 4xx.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROBLEM_MEDIA_TYPE = "application/problem+json"
+TYPE_BASE = "urn:patchserve:problem:"
+
+
+class RepositoryError(Exception):
+    """The model repository cannot be served (layout, manifest, graph); stops start-up."""
+
+
+class ProblemError(Exception):
+    """Base of every error that reaches a client. Subclasses fix ``status`` and ``title``."""
+
+    status: int = 500
+    title: str = "Internal error"
+    slug: str = "internal"
+    outcome: str = "error"  # the patchserve_requests_total outcome label
+
+    def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.headers = headers or {}
+
+    def to_problem(self, instance: str | None = None) -> dict[str, Any]:
+        """The RFC 9457 body: ``type``, ``title``, ``status``, ``detail`` and ``instance``."""
+        problem: dict[str, Any] = {
+            "type": TYPE_BASE + self.slug,
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+        }
+        if instance:
+            problem["instance"] = instance
+        return problem
+
+
+class BadRequest(ProblemError):
+    status, title, slug, outcome = 400, "Bad request", "bad-request", "client_error"
+
+
+class Unauthorized(ProblemError):
+    status, title, slug, outcome = 401, "Unauthorized", "unauthorized", "client_error"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(ProblemError):
+    status, title, slug, outcome = 403, "Forbidden", "forbidden", "client_error"
+
+
+class ModelNotFound(ProblemError):
+    status, title, slug, outcome = 404, "Model not found", "model-not-found", "client_error"
+
+
+class BodyTimeout(ProblemError):
+    status, title, slug, outcome = 408, "Request body not received in time", "body-timeout", "client_error"
+
+
+class PayloadTooLarge(ProblemError):
+    status, title, slug, outcome = 413, "Payload too large", "payload-too-large", "client_error"
+
+
+class InvalidImage(ProblemError):
+    status, title, slug, outcome = 415, "Not a decodable image", "invalid-image", "client_error"
+
+
+class UnsupportedMediaType(ProblemError):
+    """415 for a body the server cannot read at all (e.g. an unknown ``Content-Encoding``)."""
+
+    status, title, slug, outcome = 415, "Unsupported media type", "unsupported-media-type", "client_error"
+
+
+class InvalidParameter(ProblemError):
+    status, title, slug, outcome = 422, "Invalid parameter", "invalid-parameter", "client_error"
+
+
+class ClientDisconnected(ProblemError):
+    """The client went away before its response was ready (nginx's 499); nobody reads this answer."""
+
+    status, title, slug, outcome = 499, "Client closed request", "client-closed-request", "cancelled"
+
+
+class InferenceFailed(ProblemError):
+    status, title, slug = 500, "Inference failed", "inference-failed"
+
+
+class ImageProcessingFailed(ProblemError):
+    """500 for one image whose decoding or preprocessing raised what no input should make it raise.
+
+    A bug of ours, reported in that image's own ``results`` entry: its batch mates and the rest
+    of the request are answered as usual.
+    """
+
+    status, title, slug = 500, "Image processing failed", "image-processing-failed"
+
+
+class Unavailable(ProblemError):
+    """503 with ``Retry-After``: queue full, not ready, or draining."""
+
+    status, title, slug, outcome = 503, "Service unavailable", "unavailable", "rejected"
+
+    def __init__(self, detail: str, *, retry_after: int = 1) -> None:
+        super().__init__(detail, headers={"Retry-After": str(retry_after)})
+
+
+class DeadlineExceeded(ProblemError):
+    status, title, slug, outcome = 504, "Deadline exceeded", "deadline-exceeded", "timeout"

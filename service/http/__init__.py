@@ -1,0 +1,1 @@
+"""The HTTP layer: the app factory, middleware, thin routers, and the one mapping of errors to responses."""

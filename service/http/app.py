@@ -1,0 +1,275 @@
+"""The app factory: ``create_app(settings)`` builds one worker's FastAPI application.
+
+Start-up validates every manifest before the server accepts a connection (a bad one stops
+start-up, naming the file and field), then loads the ONNX Runtime sessions and warms them up
+in the background while ``/healthz`` answers and ``/readyz`` says 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from service.batching.config import BatchingConfig
+from service.core.errors import RepositoryError
+from service.core.settings import Settings, load_settings
+from service.core.tracing import Tracer, from_environment, install
+from service.core.version import VERSION
+from service.http import docs, openapi
+from service.http.middleware.access_log import AccessLogMiddleware
+from service.http.middleware.admission import EXEMPT_PATHS, AdmissionMiddleware
+from service.http.middleware.auth import add_security_middleware
+from service.http.middleware.request_id import RequestIdMiddleware
+from service.http.middleware.tracing import TracingMiddleware
+from service.http.problems import install_handlers
+from service.http.routes import health, inference, metrics, models, playground, repository, v2
+from service.http.state import ServerState
+from service.imaging.pixel_budget import PixelBudget
+from service.imaging.prescan import PrescanLimits
+from service.pipeline.inference import DecodeLimits
+from service.runtime.control_signal import FILE_NAME, ControlSignal, follow
+from service.runtime.cpus import ThreadPlan, plan_threads, usable_cpus
+from service.runtime.loading import Loader
+from service.runtime.manifest import ManifestError, load_manifest
+from service.runtime.model_control import ModelControl
+from service.runtime.repository import ModelRepository, ModelVersion, discover
+from service.runtime.repository_watch import poll_forever
+from service.runtime.sessions import CUDA, CudaOptions, requested_providers
+from service.runtime.tuning import TuneCache, Tuner, default_cache_dir
+from service.runtime.version_policy import ConfigError, read_config
+from service.runtime.worker_readiness import WorkerReadiness
+
+log = logging.getLogger(__name__)
+
+
+def validate_repository(settings: Settings) -> None:
+    """Check the repository layout, every manifest and every model's config.json, without loading any graph.
+
+    Raises:
+        RepositoryError: the first problem found, naming the file and field.
+    """
+    for name, _, folder in discover(settings.model_repository):
+        try:
+            load_manifest(folder / "model.json")
+            read_config(settings.model_repository / name)
+        except (ManifestError, ConfigError) as exc:
+            raise RepositoryError(str(exc)) from None
+
+
+def thread_plan(settings: Settings) -> ThreadPlan:
+    """The threads each model version gets, from the usable cores and the settings that force values."""
+    return plan_threads(
+        usable_cpus(),
+        workers=settings.workers,
+        models=len(discover(settings.model_repository)),
+        device_type="cuda" if requested_providers(settings.device)[0] == CUDA else "cpu",
+        instances=settings.instances,
+        intra_op_threads=settings.intra_op_threads,
+        spinning=settings.intra_op_spinning,
+        decode_threads=settings.decode_threads,
+    )
+
+
+def tuner(settings: Settings) -> Tuner | None:
+    """The auto-tuner the settings ask for (None: off)."""
+    if not settings.auto_tune:
+        return None
+    import onnxruntime
+
+    return Tuner(
+        TuneCache(settings.tune_cache or default_cache_dir()),
+        point_seconds=settings.tune_point_seconds,
+        budget_seconds=settings.tune_seconds,
+        rounds=settings.tune_rounds,
+        max_batch_size=settings.tune_max_batch_size,
+        max_instances=settings.tune_max_instances,
+        ort_version=onnxruntime.__version__,
+        busy_cores=settings.tune_busy_cores,
+    )
+
+
+def loader(settings: Settings, threads: ThreadPlan | None, tuning: Tuner | None) -> Loader:
+    """What every model version is loaded with, from ``settings``."""
+    return Loader(
+        device=settings.device,
+        batching=BatchingConfig(
+            settings.max_batch_size, settings.max_queue_delay, settings.queue_size, settings.request_timeout
+        ),
+        inter_op_threads=settings.inter_op_threads,
+        io_binding=settings.io_binding,
+        cuda=CudaOptions(settings.cuda_device_id, settings.cudnn_conv_algo_search, settings.cuda_mem_limit),
+        threads=threads,
+        tuner=tuning,
+        batch_size_fixed="max_batch_size" in settings.model_fields_set,
+    )
+
+
+def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
+    """Blocking: tune, create every session the version policies select and run each once per batch size."""
+    tuning = control.loader.tuner
+    with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
+        models = [control.loader.load(name, version, folder) for name, version, folder in control.startup_versions()]
+    for model in models:
+        if model.runner.providers.ok:
+            model.warm_up()
+    return models
+
+
+async def _start_models(state: ServerState) -> None:
+    control = state.control
+    try:
+        models = await asyncio.get_running_loop().run_in_executor(None, _load_and_warm_up, control)
+    except Exception as exc:  # a graph that will not load: stay alive, not ready, and say why
+        log.exception("loading the models failed")
+        state.startup_error = f"loading the models failed: {exc}"
+        return
+    for model in models:
+        await model.batcher.start()
+        control.adopt(model)
+    state.repository = control.repository
+    if state.workers is not None:
+        state.workers.set_ready()
+    log.info("ready: %s", ", ".join(f"{m.name}/{m.version}" for m in state.repository.all()))
+
+
+def worker_readiness(settings: Settings) -> WorkerReadiness | None:
+    """With several workers, their shared readiness (None: one worker, or no shared folder)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if settings.workers == 1 or not folder:
+        return None
+    return WorkerReadiness(Path(folder), settings.workers)
+
+
+def control_signal(settings: Settings) -> ControlSignal | None:
+    """With several workers, the file they share the load API's changes through (None: one worker)."""
+    folder = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if settings.workers == 1 or not folder:
+        return None
+    return ControlSignal(Path(folder) / FILE_NAME)
+
+
+def decode_limits(settings: Settings) -> DecodeLimits:
+    """The pre-scan's and one request's decoding limits, from ``settings``."""
+    return DecodeLimits(
+        prescan=PrescanLimits(
+            max_jpeg_scans=settings.max_jpeg_scans,
+            max_jpeg_scan_pixels=settings.max_jpeg_scan_pixels,
+            max_jpeg_segments=settings.max_jpeg_segments,
+            max_jpeg_fill_bytes=settings.max_jpeg_fill_bytes,
+            max_png_chunks=settings.max_png_chunks,
+            max_gif_blocks=settings.max_gif_blocks,
+            max_metadata_bytes=settings.max_image_metadata_bytes,
+        ),
+        max_request_pixels=settings.max_request_pixels,
+    )
+
+
+def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
+    """Build the application for ``settings``.
+
+    Args:
+        settings: the validated settings.
+        tracer: OpenTelemetry tracing of requests and batches (:mod:`service.core.tracing`); None: off.
+            The app makes it the process's tracer while it runs and shuts it down at the end.
+
+    Raises:
+        RepositoryError: the model repository or a manifest is invalid.
+    """
+    validate_repository(settings)
+    threads = thread_plan(settings)
+    decode_threads = threads.decode_threads
+    state = ServerState(
+        settings,
+        ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
+        decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
+        threads=threads,
+        decode_limits=decode_limits(settings),
+        pixel_budget=PixelBudget(settings.max_decoding_pixels),
+        workers=worker_readiness(settings),
+    )
+    log.info("threads: %s", threads.reason)
+    state.control = ModelControl(
+        settings.model_repository,
+        loader(settings, threads, tuner(settings)),
+        ModelRepository(settings.model_repository),
+        drain_timeout=settings.request_timeout + settings.body_timeout,
+        signal=control_signal(settings),
+    )
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        if tracer is not None:
+            install(tracer)
+        loading = asyncio.create_task(_start_models(state))
+        watchers = []
+        if settings.repository_poll_seconds > 0:
+            watchers.append(asyncio.create_task(poll_forever(state, loading, settings.repository_poll_seconds)))
+        if state.control.signal is not None:
+            watchers.append(asyncio.create_task(follow(state, loading, state.control.signal)))
+        yield
+        state.draining = True
+        if state.workers is not None:
+            state.workers.clear()
+        await loading
+        for watcher in watchers:
+            watcher.cancel()
+        if watchers:
+            await asyncio.wait(watchers)
+        with contextlib.suppress(TimeoutError):  # versions retiring finish their requests, which have ended
+            await asyncio.wait_for(state.control.until_retired(), settings.graceful_shutdown_timeout)
+        if state.repository is not None:
+            for model in state.repository.all():
+                await model.batcher.stop()
+        state.decode_pool.shutdown(wait=False, cancel_futures=True)
+        if tracer is not None:
+            install(None)
+            await asyncio.to_thread(tracer.shutdown)  # flushes the spans still buffered
+
+    app = FastAPI(
+        title="patchserve",
+        version=VERSION,
+        description="Vision transformers (ViT classifiers, DETR detectors) on ONNX Runtime, with dynamic batching.",
+        lifespan=lifespan,
+        redirect_slashes=False,  # a POST to .../classify/ is a 404 problem, not a 307 curl will not follow
+        docs_url=None,  # install_docs serves /docs and /redoc from local assets instead of a CDN
+        redoc_url=None,
+    )
+    docs.install_docs(app)
+    app.state.server = state
+    install_handlers(app)
+    app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(inference.build_router())  # one route per registered task
+    app.include_router(metrics.router)
+    app.include_router(repository.router)  # before v2's catch-all
+    app.include_router(v2.router)
+    if settings.playground:
+        app.include_router(playground.router)
+    app.add_middleware(
+        AdmissionMiddleware,
+        max_in_flight=settings.max_in_flight,
+        body_timeout=settings.body_timeout,
+        exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
+    )
+    public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())
+    keyless = add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot
+    if keyless is not None:
+        openapi.declare_bearer(app, keyless)
+    app.add_middleware(AccessLogMiddleware)
+    if tracer is not None:  # inside the request id (which it records), outside everything that may refuse
+        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=EXEMPT_PATHS | v2.PROBE_PATHS)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
+    return app
+
+
+def build_app() -> FastAPI:
+    """Factory for ``uvicorn --factory``: settings (and ``OTEL_*`` tracing) from the environment."""
+    return create_app(load_settings(), tracer=from_environment(os.environ))

@@ -1,0 +1,36 @@
+"""Route dependencies as ``Annotated`` aliases.
+
+They are ``async def`` although they never await: FastAPI runs a plain ``def`` dependency in
+its thread pool, a thread hop per dependency per request for a dictionary lookup.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.core.errors import Unavailable
+from service.http.state import ServerState
+from service.runtime.repository import ModelRepository
+
+
+async def get_state(request: Request) -> ServerState:
+    """The worker's :class:`ServerState`."""
+    return request.app.state.server
+
+
+async def get_repository(request: Request) -> ModelRepository:
+    """The loaded models.
+
+    Raises:
+        Unavailable: the models are not loaded yet (503).
+    """
+    repository = request.app.state.server.repository
+    if repository is None:
+        raise Unavailable("the models are still loading", retry_after=2)
+    return repository
+
+
+State = Annotated[ServerState, Depends(get_state)]
+Repository = Annotated[ModelRepository, Depends(get_repository)]

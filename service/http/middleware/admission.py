@@ -1,0 +1,132 @@
+"""Admission: what a worker lets in, before any body is read or any image decoded (DESIGN.md, "Receive").
+
+Two limits, both answered as problem+json (on /v2 as the protocol's ``{"error": ...}``):
+
+* **Requests in flight.** Each worker holds at most ``max_in_flight`` requests at once; one more
+  is refused at once with 503 and ``Retry-After``, before a byte of its body is read, so a burst
+  cannot pile up uploads, decoded images or queued tensors in memory. Liveness, readiness and
+  metrics (``/healthz``, ``/readyz``, ``/metrics``) are never refused: a busy server stays
+  observable and is not restarted for being busy. Behind this cap the batcher's bounded queue
+  (503) and request deadlines (504) apply.
+* **Body-read time.** The whole body must arrive within ``body_timeout`` seconds of the request's
+  arrival, else 408 and the connection is closed (a slow or stalled upload cannot hold a slot).
+
+Refusals are counted in ``patchserve_requests_total{outcome="rejected"}`` under the model the
+path names (``_unknown`` when there is no such model).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import re
+import time
+from typing import Any
+from urllib.parse import parse_qs
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service import tasks
+from service.core.errors import BodyTimeout, Unavailable
+from service.http import accounting
+from service.http.problems import error_response_for
+
+EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+@functools.cache
+def _inference_path(verbs: tuple[str, ...]) -> re.Pattern[str]:
+    """/v1/models/{name}/{verb} of every registered task, and the Open Inference Protocol's
+    /v2/models/{name}[/versions/{v}]/infer."""
+    alternatives = "|".join(re.escape(verb) for verb in (*verbs, "infer"))
+    return re.compile(rf"^/v[12]/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?:{alternatives})$")
+
+
+def model_labels(scope: Scope) -> tuple[str, str] | None:
+    """The ``(model, version)`` metric labels an inference path names; None for other paths.
+
+    Unknown models and versions give ``("_unknown", "")``, as the routes do.
+    """
+    match = _inference_path(tuple(tasks.verbs())).match(scope["path"])
+    if match is None:
+        return None
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    version = match["version"] or (query.get("version") or [None])[0]
+    app = scope.get("app")
+    repository = getattr(getattr(getattr(app, "state", None), "server", None), "repository", None)
+    return accounting.labels_for(repository, match["name"], version)
+
+
+class AdmissionMiddleware:
+    """Pure ASGI middleware: the in-flight cap (503) and the body-read timeout (408) of one worker.
+
+    Args:
+        app: the ASGI application behind it.
+        max_in_flight: most requests (exempt paths aside) this worker holds at once.
+        body_timeout: seconds from a request's arrival to the end of its body.
+        retry_after: the ``Retry-After`` of a refusal, in seconds.
+        exempt: paths that are never refused and have no body timeout.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_in_flight: int,
+        body_timeout: float,
+        retry_after: int = 1,
+        exempt: frozenset[str] = EXEMPT_PATHS,
+    ) -> None:
+        self.app = app
+        self.max_in_flight = max_in_flight
+        self.body_timeout = body_timeout
+        self.retry_after = retry_after
+        self.exempt = exempt
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in self.exempt:
+            await self.app(scope, receive, send)
+            return
+        if self.in_flight >= self.max_in_flight:
+            await self._refuse(scope, receive, send)
+            return
+        self.in_flight += 1
+        try:
+            await self.app(scope, self._with_deadline(receive), send)
+        finally:
+            self.in_flight -= 1
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        state: dict[str, Any] = scope.setdefault("state", {})
+        labels = model_labels(scope)
+        if labels is not None:
+            state["model"], state["version"] = labels
+            accounting.count_refused(labels, Unavailable.outcome)
+        error = Unavailable(
+            f"this worker already holds {self.max_in_flight} requests (PATCHSERVE_MAX_IN_FLIGHT); "
+            f"retry after {self.retry_after} s",
+            retry_after=self.retry_after,
+        )
+        await error_response_for(scope["path"], error, state.get("request_id"))(scope, receive, send)
+
+    def _with_deadline(self, receive: Receive) -> Receive:
+        """``receive`` that raises :class:`BodyTimeout` once the body is late; unbounded after it."""
+        deadline = time.monotonic() + self.body_timeout
+        body_done = False
+
+        async def receive_before_deadline() -> Message:
+            nonlocal body_done
+            if body_done:
+                return await receive()  # e.g. waiting for a disconnect while streaming: no deadline
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                raise BodyTimeout(
+                    f"the request body was not received within {self.body_timeout:g} s (PATCHSERVE_BODY_TIMEOUT)",
+                    headers={"Connection": "close"},
+                ) from None
+            body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            return message
+
+        return receive_before_deadline

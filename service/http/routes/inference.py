@@ -1,0 +1,186 @@
+"""Inference routes: one generic handler serves every registered task at ``POST /v1/models/{name}/{verb}``.
+
+What differs between tasks (query parameters, response fields, the picture of ``render=png``)
+is declared by the task (:mod:`service.tasks`); this module only reads, runs and answers.
+No ``from __future__ import annotations`` here: each route's signature names its task's
+``Params`` class, which FastAPI must see as a class, not a string.
+"""
+
+import asyncio
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from pydantic import BaseModel
+
+from service import tasks
+from service.core.errors import BadRequest
+from service.http.accounting import accounted
+from service.http.deps import Repository, State
+from service.http.lifetime import requested_timeout, unless_disconnected
+from service.http.openapi import PNG_CONTENT, image_responses
+from service.http.problems import request_id
+from service.http.responses import JSON, server_timing
+from service.http.uploads import OPENAPI_IMAGE_BODY, read_images
+from service.pipeline.inference import ImageOutcome, infer_images, response_body, timings
+from service.runtime.repository import ModelRepository, ModelVersion
+from service.tasks import Task
+
+Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^[0-9]{1,9}$")]
+
+
+def require_task(model: ModelVersion, task: Task) -> None:
+    """Refuse (400) a request for a task the model does not serve, naming the route it does serve.
+
+    Raises:
+        BadRequest: ``task`` is neither the model's own nor a companion whose roles it names.
+    """
+    if tasks.serves(model.manifest, task):
+        return
+    own = tasks.get(model.manifest.task)
+    served = [t.verb for t in tasks.served_tasks(model.manifest)]
+    also = f" (it serves {', '.join(served)})" if len(served) > 1 else ""
+    if task.companion:
+        raise BadRequest(
+            f"model {model.name!r} version {model.version} has no {', '.join(task.roles)} output, so it cannot "
+            f"{task.verb}; POST to /v1/models/{model.name}/{own.verb}{also}"
+        )
+    raise BadRequest(
+        f"model {model.name!r} is a {model.manifest.task} model; POST to /v1/models/{model.name}/{own.verb}{also}"
+    )
+
+
+def _wants_png(request: Request, render_as: str | None) -> bool:
+    """``?render=png``; or no ``render`` and an ``Accept`` header that prefers image/png to JSON.
+
+    Of ``image/png`` and ``application/json`` in ``Accept``, the higher quality value (RFC 9110,
+    Sec. 12.4.2) wins, the one listed first on a tie; ``q=0`` means not acceptable. Wildcards
+    (``image/*``, ``*/*``) do not ask for a picture.
+    """
+    if render_as is not None:
+        return render_as == "png"
+    best: tuple[float, int, str] | None = None
+    for index, item in enumerate(request.headers.get("accept", "").split(",")):
+        media, *params = (part.strip() for part in item.split(";"))
+        if media.lower() not in ("image/png", "application/json"):
+            continue
+        quality = 1.0
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    quality = float(value)
+                except ValueError:
+                    quality = 0.0
+        if best is None or (quality, -index) > best[:2]:
+            best = (quality, -index, media.lower())
+    return best is not None and best[2] == "image/png" and best[0] > 0
+
+
+async def _picture(
+    state: State, task: Task, model: ModelVersion, body: dict[str, Any], outcomes: list[ImageOutcome], params: Any
+) -> Response:
+    """The task's ``render=png`` of a one-image request, drawn in the decode pool."""
+    if len(outcomes) != 1:
+        raise BadRequest(f"render=png draws one image; this request has {len(outcomes)}. Send one, or ask for JSON")
+    drawn = await asyncio.get_running_loop().run_in_executor(
+        state.decode_pool, task.picture, model, outcomes[0], body, params
+    )
+    return Response(drawn, media_type="image/png")
+
+
+async def serve(
+    request: Request,
+    state: State,
+    repository: ModelRepository,
+    name: str,
+    version: str | None,
+    task: Task,
+    params: BaseModel,
+) -> Response:
+    """Look the model up, read the images, run them, answer with the task's fields; count the outcome.
+
+    The request's deadline is set on arrival; once its body is read, a client that disconnects
+    cancels the work (its queued images are dropped) and is counted as ``cancelled``.
+    """
+    with accounted(request.state) as account, repository.use(name, version) as model:  # held until answered
+        account.model(model.name, model.version)
+        deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
+        require_task(model, task)
+        settings = state.settings
+        picture = task.picture_help is not None and _wants_png(request, getattr(params, "render", None))
+        payloads = await read_images(
+            request,
+            max_body_bytes=settings.max_body_bytes,
+            max_images=settings.max_images_per_request,
+            max_parts=settings.max_multipart_parts,
+        )
+        outcomes = await unless_disconnected(
+            request,
+            infer_images(
+                model,
+                payloads,
+                pool=state.decode_pool,
+                max_pixels=settings.max_image_pixels,
+                deadline=deadline,
+                decode_parallelism=state.decode_parallelism,
+                limits=state.decode_limits,
+                budget=state.pixel_budget,
+                keep_images=picture,  # render=png draws on the decoded picture
+            ),
+        )
+        request.state.batch_sizes = [o.result.batch_size for o in outcomes if o.result is not None]
+        body = response_body(model, outcomes, lambda o: task.fields(model, o, params), instance=request_id(request))
+        if picture:
+            response = await _picture(state, task, model, body, outcomes, params)
+        else:
+            response = JSON(body)
+    response.headers["Server-Timing"] = server_timing(**timings(outcomes))
+    return response
+
+
+def _responses(task: Task) -> dict[int | str, dict[str, Any]]:
+    """The task's route responses: its result schema, with a PNG beside the JSON 200 when it draws one."""
+    responses = image_responses(task.result_schema)
+    if task.picture_help is not None:
+        ok = responses[200]
+        responses[200] = {**ok, "content": {**ok["content"], **PNG_CONTENT}}
+    return responses
+
+
+def _endpoint(task: Task) -> Callable[..., Coroutine[Any, Any, Response]]:
+    """The route function of ``task``: its ``Params`` as query parameters, then :func:`serve`."""
+    params_type = task.Params
+
+    async def endpoint(
+        name: str,
+        request: Request,
+        repository: Repository,
+        state: State,
+        params: Annotated[params_type, Query()],  # type: ignore[valid-type]
+        version: Version = None,
+    ) -> Response:
+        return await serve(request, state, repository, name, version, task, params)
+
+    endpoint.__name__ = task.verb
+    return endpoint
+
+
+def build_router() -> APIRouter:
+    """One route per registered task, ``POST /v1/models/{name}/{verb}``, all served by :func:`serve`.
+
+    Every route takes ``?timeout=`` / ``X-Request-Timeout`` (seconds, may only shorten
+    request_timeout). Built by the app factory, so a task registered before it is served.
+    """
+    router = APIRouter(prefix="/v1/models", tags=["inference"], dependencies=[Depends(requested_timeout)])
+    for task in tasks.all_tasks():
+        router.add_api_route(
+            f"/{{name}}/{task.verb}",
+            _endpoint(task),
+            methods=["POST"],
+            summary=task.summary,
+            openapi_extra=OPENAPI_IMAGE_BODY,
+            response_class=JSON,
+            responses=_responses(task),
+        )
+    return router

@@ -1,0 +1,313 @@
+"""The Open Inference Protocol (KServe v2) REST endpoints, for tritonclient, KServe and Triton users.
+
+Health, server and model metadata, model readiness, Triton's model configuration, and ``infer``
+on each model's raw input tensor (:mod:`service.v2.tensor_inference`). Every error of these
+routes is the protocol's ``{"error": "<message>"}`` with the status the rest of the API would
+use (400 bad request, 404 unknown model, 413 too large, 503 queue full or not loaded, 504 past
+its deadline, 500 only for a failed model run); a "not ready" answer is a 400, as the
+protocol's health API specifies (a 4xx means false).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from fastapi.exceptions import RequestValidationError
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+
+from service.core.errors import BadRequest, ProblemError
+from service.http.accounting import accounted
+from service.http.deps import Repository, State, get_repository
+from service.http.lifetime import requested_timeout, unless_disconnected
+from service.http.problems import protocol_error_response, unexpected
+from service.http.responses import server_timing
+from service.http.uploads import read_body
+from service.runtime.repository import ModelVersion
+from service.runtime.sessions import CUDA
+from service.v2.openapi import (
+    CONFIG_SCHEMA,
+    INFER_BODY,
+    INFER_RESPONSE_SCHEMA,
+    LIVE_SCHEMA,
+    MODEL_METADATA_SCHEMA,
+    READY_SCHEMA,
+    SERVER_METADATA_SCHEMA,
+    v2_responses,
+)
+from service.v2.protocol import (
+    HEADER_LENGTH,
+    encode_infer_response,
+    inflate,
+    parse_infer_request,
+)
+from service.v2.tensor_inference import dims, infer_tensors, input_datatype, output_specs
+
+log = logging.getLogger(__name__)
+
+# The protocol extensions this server implements (reported by server metadata, as Triton does).
+EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "model_repository"]
+PLATFORM = "onnxruntime_onnx"
+# The protocol's health probes: like /healthz and /readyz, admission never refuses them.
+PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+INFER_RESPONSES = v2_responses(INFER_RESPONSE_SCHEMA, 400, 404, 408, 413, 415, 500, 504, binary=True)
+
+
+class ProtocolRoute(APIRoute):
+    """An ``APIRoute`` whose errors, domain or framework, are rendered as ``{"error": "..."}``."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def run(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ProblemError as exc:
+                return protocol_error_response(exc.status, exc.detail, exc.headers)
+            except RequestValidationError as exc:
+                detail = "; ".join(str(e.get("msg")) for e in exc.errors()) or "invalid request"
+                return protocol_error_response(400, detail)
+            except StarletteHTTPException as exc:
+                return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+            except Exception as exc:
+                error = unexpected(exc, f"{request.method} {request.url.path}")
+                return protocol_error_response(error.status, error.detail)
+
+        return run
+
+
+router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"], route_class=ProtocolRoute)
+
+
+@router.get("", summary="Server metadata: name, version, extensions", responses=v2_responses(SERVER_METADATA_SCHEMA))
+async def server_metadata(request: Request) -> dict[str, Any]:
+    return {"name": "patchserve", "version": request.app.version, "extensions": EXTENSIONS}
+
+
+@router.get(
+    "/health/live", summary="Server liveness: 200 while the process serves", responses=v2_responses(LIVE_SCHEMA)
+)
+@router.head("/health/live", include_in_schema=False)
+async def server_live() -> dict[str, bool]:
+    return {"live": True}
+
+
+@router.get(
+    "/health/ready",
+    summary="Server readiness: 200 once every model is ready, else 400 with the reason",
+    responses=v2_responses(READY_SCHEMA, 400),
+)
+@router.head("/health/ready", include_in_schema=False)
+async def server_ready(state: State) -> dict[str, bool]:
+    reasons = state.not_ready_reasons()
+    if reasons:
+        raise BadRequest("not ready: " + "; ".join(reasons))
+    return {"ready": True}
+
+
+def _metadata(model: ModelVersion, repository: Repository) -> dict[str, Any]:
+    spec = model.manifest.input
+    return {
+        "name": model.name,
+        "versions": [str(v) for v in sorted(repository.models[model.name])],
+        "platform": PLATFORM,
+        "inputs": [{"name": spec.name, "datatype": input_datatype(model), "shape": dims(spec.shape)}],
+        "outputs": [{"name": n, "datatype": t, "shape": s} for n, t, s in output_specs(model)],
+    }
+
+
+@router.get(
+    "/models/{name}",
+    summary="Model metadata: input and output tensors (-1: any size)",
+    responses=v2_responses(MODEL_METADATA_SCHEMA, 400, 404),
+)
+async def model_metadata(name: str, repository: Repository) -> dict[str, Any]:
+    return _metadata(repository.get(name), repository)
+
+
+@router.get(
+    "/models/{name}/versions/{version}",
+    summary="Model metadata of one version",
+    responses=v2_responses(MODEL_METADATA_SCHEMA, 400, 404),
+)
+async def model_version_metadata(name: str, version: str, repository: Repository) -> dict[str, Any]:
+    return _metadata(repository.get(name, version), repository)
+
+
+def _ready(state: State, name: str, version: str | None) -> dict[str, Any]:
+    if state.repository is None:
+        raise BadRequest("not ready: the models are still loading")
+    model = state.repository.get(name, version)
+    if not model.ready:
+        raise BadRequest(f"model {model.name} version {model.version} is not ready: {model.not_ready_reason}")
+    return {"name": model.name, "ready": True}
+
+
+@router.get(
+    "/models/{name}/ready",
+    summary="Model readiness: 200 when ready, else 400 (404: no such model)",
+    responses=v2_responses(READY_SCHEMA, 400, 404),
+)
+async def model_ready(name: str, state: State) -> dict[str, Any]:
+    return _ready(state, name, None)
+
+
+@router.get(
+    "/models/{name}/versions/{version}/ready",
+    summary="Readiness of one model version",
+    responses=v2_responses(READY_SCHEMA, 400, 404),
+)
+async def model_version_ready(name: str, version: str, state: State) -> dict[str, Any]:
+    return _ready(state, name, version)
+
+
+def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
+    """Triton's model configuration (model_config.proto as JSON) for tritonclient's get_model_config.
+
+    ``max_batch_size`` is what one infer request may carry (``max_rows``, the batch size an infer
+    is accepted with; more is a 400), as in Triton, where it bounds a request's batch dimension.
+    The batcher's own largest batch, which it picks itself and may change while serving, is
+    ``dynamic_batching.preferred_batch_size``, read at each call. ``instance_group.count`` is
+    the sessions the batcher feeds.
+    """
+
+    def data_type(datatype: str) -> str:
+        return "TYPE_STRING" if datatype == "BYTES" else "TYPE_" + datatype
+
+    batching = model.batcher.config
+    spec = model.manifest.input
+    kind = "KIND_GPU" if model.runner.providers.primary == CUDA else "KIND_CPU"
+    return {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": "onnxruntime",
+        "version_policy": {"specific": {"versions": [str(model.version)]}},
+        "max_batch_size": max_rows,
+        "input": [
+            {
+                "name": spec.name,
+                "data_type": data_type(input_datatype(model)),
+                "format": "FORMAT_NCHW",
+                "dims": dims(spec.shape)[1:],
+            }
+        ],
+        "output": [{"name": n, "data_type": data_type(t), "dims": s[1:]} for n, t, s in output_specs(model)],
+        "dynamic_batching": {
+            "preferred_batch_size": [batching.max_batch_size],
+            "max_queue_delay_microseconds": round(batching.max_queue_delay * 1e6),
+            "default_queue_policy": {
+                "max_queue_size": batching.queue_size,
+                "default_timeout_microseconds": round(batching.request_timeout * 1e6),
+                "timeout_action": "REJECT",
+            },
+        },
+        "instance_group": [{"count": model.batcher.instances, "kind": kind}],
+    }
+
+
+@router.get(
+    "/models/{name}/config",
+    summary="Triton model configuration (model_configuration extension)",
+    responses=v2_responses(CONFIG_SCHEMA, 400, 404),
+)
+async def model_config(name: str, repository: Repository, state: State) -> dict[str, Any]:
+    return _config(repository.get(name), state.settings.max_images_per_request)
+
+
+@router.get(
+    "/models/{name}/versions/{version}/config",
+    summary="Triton model configuration of one version",
+    responses=v2_responses(CONFIG_SCHEMA, 400, 404),
+)
+async def model_version_config(name: str, version: str, repository: Repository, state: State) -> dict[str, Any]:
+    return _config(repository.get(name, version), state.settings.max_images_per_request)
+
+
+async def _infer(request: Request, state: State, name: str, version: str | None) -> Response:
+    """Read, parse, run and encode one inference request; count its outcome.
+
+    The deadline runs from arrival: the server's ``request_timeout``, shortened by ``?timeout=``
+    or ``X-Request-Timeout`` (seconds, as on ``/v1``) and by the request's ``timeout``
+    parameter (microseconds, Triton's). Once the body is read, a client that disconnects
+    cancels the work (its queued rows are dropped), counted as ``cancelled``; a failure of
+    ours (an unexpected exception) is counted as ``error`` before the route answers 500.
+    """
+    with accounted(request.state) as account, (await get_repository(request)).use(name, version) as model:
+        account.model(model.name, model.version)
+        arrived = model.batcher.clock.now()
+        deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
+        settings = state.settings
+        body = await read_body(request, settings.max_body_bytes)
+        body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
+        parse_started = time.perf_counter()
+        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
+        parse_seconds = time.perf_counter() - parse_started
+        if parsed.timeout is not None:
+            deadline = min(deadline, arrived + parsed.timeout)
+        outcome = await unless_disconnected(
+            request, infer_tensors(model, parsed, max_rows=settings.max_images_per_request, deadline=deadline)
+        )
+        content, headers = encode_infer_response(model.name, str(model.version), parsed.id, outcome.outputs)
+    headers["Server-Timing"] = server_timing(
+        decode=parse_seconds, queue=outcome.queue_seconds, compute=outcome.compute_seconds
+    )
+    return Response(content, media_type=headers.pop("Content-Type"), headers=headers)
+
+
+@router.post(
+    "/models/{name}/infer",
+    summary="Inference on raw tensors (JSON or binary)",
+    openapi_extra=INFER_BODY,
+    responses=INFER_RESPONSES,
+    dependencies=[Depends(requested_timeout)],
+)
+async def infer(name: str, request: Request, state: State) -> Response:
+    return await _infer(request, state, name, None)
+
+
+@router.post(
+    "/models/{name}/versions/{version}/infer",
+    summary="Inference on one model version",
+    openapi_extra=INFER_BODY,
+    responses=INFER_RESPONSES,
+    dependencies=[Depends(requested_timeout)],
+)
+async def infer_version(name: str, version: str, request: Request, state: State) -> Response:
+    return await _infer(request, state, name, version)
+
+
+_ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """The methods the other /v2 routes take on this request's path (empty: no route has the path)."""
+    allowed: set[str] = set()
+    for route in router.routes:
+        if isinstance(route, APIRoute) and route.endpoint is not unknown:
+            match, _ = route.matches({**request.scope, "method": ""})  # no method matches: PARTIAL = the path does
+            if match != Match.NONE:
+                allowed |= route.methods
+    return sorted(allowed)
+
+
+@router.api_route("", methods=_ANY_METHOD, include_in_schema=False)
+@router.api_route("/{path:path}", methods=_ANY_METHOD, include_in_schema=False)
+async def unknown(request: Request) -> Response:
+    """Every /v2 request no route took: 405 with ``Allow`` when the path exists, else 404.
+
+    Starlette would answer a method the path lacks with the ``Allow`` of the first route that
+    has the path (one of GET and HEAD, registered as two routes) as problem+json, and the
+    catch-all would make PUT on an existing path a 404; here both are the protocol's error.
+    """
+    allowed = _allowed_methods(request)
+    if allowed:
+        methods = ", ".join(allowed)
+        return protocol_error_response(
+            405, f"{request.method} is not allowed on {request.url.path}; use {methods}", {"Allow": methods}
+        )
+    return protocol_error_response(404, f"no such endpoint: {request.method} {request.url.path}")

@@ -1,0 +1,275 @@
+"""Reading the images out of a request body, with the body-size cap applied while reading.
+
+Three request forms carry images (DESIGN.md, "Receive"):
+
+* ``multipart/form-data`` with one or more parts named ``image`` (``curl -F image=@a.jpg``),
+  parsed as it streams in: parts with other names are counted and dropped, never kept;
+* a raw body with an ``image/*`` or ``application/octet-stream`` content type;
+* ``application/json``: ``{"images": ["<base64>", ...]}`` (a ``data:`` URL prefix is allowed;
+  a URL is not fetched).
+
+A ``Content-Length`` over the cap is refused before a byte is read; a chunked body is counted
+as it arrives and refused as soon as it passes the cap, so no body over the cap is ever held.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from collections.abc import AsyncIterator, Callable
+
+import orjson
+from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+from starlette.requests import ClientDisconnect, Request
+
+from service.core.errors import BadRequest, ClientDisconnected, InvalidImage, PayloadTooLarge
+from service.http.openapi import DIGIT_PNG_BASE64
+
+RAW_TYPES = ("application/octet-stream",)
+IMAGE_FIELD = "image"
+
+# The request bodies the inference routes accept, for the OpenAPI document.
+OPENAPI_IMAGE_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": [IMAGE_FIELD],
+                    "properties": {
+                        IMAGE_FIELD: {
+                            "description": "One or more image files (repeat the part for several).",
+                            "oneOf": [
+                                {"type": "string", "format": "binary"},
+                                {"type": "array", "items": {"type": "string", "format": "binary"}},
+                            ],
+                        }
+                    },
+                }
+            },
+            "image/*": {"schema": {"type": "string", "format": "binary"}},
+            "application/octet-stream": {"schema": {"type": "string", "format": "binary"}},
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "required": ["images"],
+                    "properties": {
+                        "images": {
+                            "type": "array",
+                            "minItems": 1,
+                            "items": {"type": "string", "contentEncoding": "base64"},
+                            "description": "Base64 image files (a data: URL prefix is allowed; URLs are not fetched).",
+                        }
+                    },
+                },
+                "example": {"images": [DIGIT_PNG_BASE64]},
+            },
+        },
+    }
+}
+
+
+async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
+    """The body's chunks as they arrive, refusing more than ``max_bytes`` in all.
+
+    Raises:
+        PayloadTooLarge: ``Content-Length`` says, or the chunks so far show, the body is over
+            ``max_bytes`` (413).
+        BadRequest: the client went away mid-body, or the Content-Length is not a number.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise BadRequest(f"Content-Length {declared!r} is not a number")
+        if int(declared) > max_bytes:
+            raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {max_bytes}")
+    size = 0
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise PayloadTooLarge(f"the body is over the limit of {max_bytes} bytes")
+            if chunk:
+                yield chunk
+    except ClientDisconnect:
+        raise ClientDisconnected("the client disconnected before sending the whole body") from None
+
+
+async def read_body(request: Request, max_bytes: int) -> bytes:
+    """The whole body, refusing more than ``max_bytes`` before it is all read.
+
+    Raises:
+        PayloadTooLarge: the body is larger than ``max_bytes`` (413).
+        BadRequest: the client went away mid-body, or the Content-Length is not a number.
+    """
+    return b"".join([chunk async for chunk in _chunks(request, max_bytes)])
+
+
+class _Parts:
+    """python-multipart callbacks: keep the data of parts named ``image``, count every part."""
+
+    def __init__(self, *, max_images: int, max_parts: int) -> None:
+        self.max_images, self.max_parts = max_images, max_parts
+        self.images: list[bytes] = []
+        self.count = 0
+        self.field, self.value = bytearray(), bytearray()
+        self.name: str | None = None
+        self.data: list[bytes] = []
+
+    def callbacks(self) -> dict[str, Callable[..., None]]:
+        return {
+            "on_part_begin": self.on_part_begin,
+            "on_header_field": lambda data, start, end: self.field.extend(data[start:end]),
+            "on_header_value": lambda data, start, end: self.value.extend(data[start:end]),
+            "on_header_end": self.on_header_end,
+            "on_part_data": self.on_part_data,
+            "on_part_end": self.on_part_end,
+        }
+
+    def on_part_begin(self) -> None:
+        self.count += 1
+        if self.count > self.max_parts:
+            raise BadRequest(f"more than {self.max_parts} parts in one multipart body")
+        self.name, self.data = None, []
+
+    def on_header_end(self) -> None:
+        if bytes(self.field).lower() == b"content-disposition":
+            _, disposition = parse_options_header(bytes(self.value))
+            self.name = disposition.get(b"name", b"").decode("latin-1")
+        self.field.clear()
+        self.value.clear()
+
+    def on_part_data(self, data: bytes, start: int, end: int) -> None:
+        if self.name == IMAGE_FIELD:
+            self.data.append(data[start:end])
+
+    def on_part_end(self) -> None:
+        if self.name == IMAGE_FIELD:
+            if len(self.images) >= self.max_images:
+                raise BadRequest(f"more than {self.max_images} images in one request")
+            self.images.append(b"".join(self.data))
+        self.data = []
+
+
+class _MultipartImages:
+    """Collects the parts named ``image`` from a multipart body fed in chunks.
+
+    Other parts are counted against ``max_parts`` and their data dropped. The parser's
+    callbacks belong to a separate :class:`_Parts`, so no reference cycle runs through the
+    parser: when a request fails, its body is freed at once, not at the next cyclic garbage
+    collection (a cycle here kept every refused multipart body, up to the cap, alive).
+    """
+
+    def __init__(self, boundary: bytes, *, max_images: int, max_parts: int) -> None:
+        self._parts = _Parts(max_images=max_images, max_parts=max_parts)
+        try:
+            self._parser = MultipartParser(boundary, self._parts.callbacks())
+        except Exception as exc:  # e.g. a boundary over python-multipart's 256-character limit
+            raise BadRequest(f"malformed multipart header: {exc}") from None
+
+    def write(self, chunk: bytes) -> None:
+        try:
+            self._parser.write(chunk)
+        except BadRequest:
+            raise
+        except Exception as exc:  # python-multipart raises its own errors for malformed bodies
+            raise BadRequest(f"malformed multipart body: {exc}") from None
+
+    def finish(self) -> list[bytes]:
+        if self._parts.count == 0:
+            raise BadRequest("the multipart body has no parts (or the boundary does not match the header's)")
+        if self._parser.state != MultipartState.END:
+            raise BadRequest("the multipart body ends before its closing boundary (truncated upload?)")
+        if not self._parts.images:
+            raise BadRequest(f"no multipart part named {IMAGE_FIELD!r}; send the file as -F {IMAGE_FIELD}=@file.jpg")
+        return self._parts.images
+
+
+async def _multipart_images(
+    request: Request, content_type: str, *, max_body_bytes: int, max_images: int, max_parts: int
+) -> list[bytes]:
+    _, params = parse_options_header(content_type)
+    boundary = params.get(b"boundary")
+    if not boundary:
+        raise BadRequest("multipart/form-data without a boundary")
+    collector = _MultipartImages(boundary, max_images=max_images, max_parts=max_parts)
+    received = False
+    async for chunk in _chunks(request, max_body_bytes):
+        received = True
+        collector.write(chunk)
+    if not received:
+        raise BadRequest("the request body is empty; send an image")
+    return collector.finish()
+
+
+def _json_images(body: bytes, max_images: int) -> list[bytes]:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+    encoded = document.get("images") if isinstance(document, dict) else None
+    if not isinstance(encoded, list) or not encoded or not all(isinstance(s, str) for s in encoded):
+        raise BadRequest('a JSON body must be {"images": ["<base64>", ...]} with at least one image')
+    if len(encoded) > max_images:
+        raise BadRequest(f"more than {max_images} images in one request")
+    images = []
+    for i, text in enumerate(encoded):
+        if text.startswith(("http://", "https://", "ftp://", "file:")):
+            raise BadRequest(f"images[{i}] is a URL; this server fetches nothing: send the file's bytes in base64")
+        if text.startswith("data:"):
+            text = text.partition(",")[2]
+        try:
+            images.append(base64.b64decode(text, validate=True))
+        except (binascii.Error, ValueError):
+            raise BadRequest(f"images[{i}] is not valid base64") from None
+    return images
+
+
+async def read_images(
+    request: Request, *, max_body_bytes: int, max_images: int, max_parts: int | None = None
+) -> list[bytes]:
+    """The image files a request carries, in order.
+
+    Args:
+        request: the incoming request; its body is read here.
+        max_body_bytes: the body-size cap (413 above it).
+        max_images: most images in one request (400 above it).
+        max_parts: most multipart parts of any name (400 above it); default ``2 * max_images``.
+
+    Raises:
+        BadRequest: empty body, malformed multipart or JSON, no image, too many images or
+            parts, a URL instead of a file (400).
+        PayloadTooLarge: body over ``max_body_bytes`` (413).
+        InvalidImage: a content type that is not an image, multipart, JSON or octet-stream, or a
+            ``Content-Encoding`` other than identity (415).
+    """
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        # Image files are compressed already; a body decoded as if it were not would be a wrong answer.
+        raise InvalidImage(
+            f"Content-Encoding {encoding!r} is not accepted on /v1: send the image files as they are "
+            "(the Open Inference Protocol's /v2 routes take gzip and deflate tensors)"
+        )
+    content_type = request.headers.get("content-type", "")
+    media_type = content_type.split(";", 1)[0].strip().lower()
+    accepted = media_type in ("multipart/form-data", "application/json", *RAW_TYPES) or media_type.startswith("image/")
+    if not accepted:
+        raise InvalidImage(
+            f"content type {media_type or '(none)'!r} is not accepted; send multipart/form-data with an "
+            f"'image' part, a raw body with an image/* type, or JSON {{\"images\": [base64]}}"
+        )
+    if media_type == "multipart/form-data":
+        return await _multipart_images(
+            request,
+            content_type,
+            max_body_bytes=max_body_bytes,
+            max_images=max_images,
+            max_parts=max_parts or 2 * max_images,
+        )
+    body = await read_body(request, max_body_bytes)
+    if not body:
+        raise BadRequest("the request body is empty; send an image")
+    if media_type == "application/json":
+        return _json_images(body, max_images)
+    return [body]

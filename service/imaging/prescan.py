@@ -1,0 +1,283 @@
+"""Pre-scanning JPEG, PNG and GIF files, in bytes, before Pillow opens them: structure bombs refused.
+
+Pillow parses a JPEG's header segments and a PNG's chunks in pure Python, one Python object (or
+several) per segment, chunk or fill byte, and libjpeg decodes each progressive scan over the
+whole image. A small file can therefore cost seconds of CPU and hundreds of MiB (issue 15 B, C):
+
+* a JPEG with 5.2 million empty APP0 segments (20.8 MB): 8.2 s and +707 MiB in Pillow's header
+  parser; one with 20 million 0xFF fill bytes (ITU T.81, B.1.1.2 allows any number before a
+  marker): 11.5 s;
+* a flat 6000x6000 progressive JPEG whose last refinement scan is repeated 500 times (170 KB):
+  about 10 s in libjpeg, a cost of scans x pixels;
+* a PNG with 1.7 million empty private chunks: 5.5 s, +225 MiB;
+* a GIF with 5 million one-byte comment sub-blocks before its image (10 MB): 3.2 s.
+
+:func:`prescan` walks the same structure at C speed (``bytes.find``, ``re`` and
+``struct.unpack_from`` on the buffer; no copy, one small object per marker or chunk) and stops
+at the first limit exceeded, so the walk itself is bounded by the limits, not by the file. A
+file that breaks the structure in a way these limits do not cover is left to Pillow, which
+reports it as truncated or corrupt. Other formats pass through: their parsers are C (libwebp,
+libavif, BMP) or bounded by their format (a TIFF IFD or an ICO directory holds at most 65,535
+entries).
+
+The limits (:class:`PrescanLimits`) are far above what real cameras and encoders write: libjpeg
+and libjpeg-turbo write 10 scans for a colour progressive JPEG (6 for grey), mozjpeg's searched
+scripts about 10-20; a camera's header is about 10-20 segments (APP0/APP1 EXIF/XMP/APP2 ICC/
+APP13, DQT, SOF, DHT, DRI), extended XMP and a 16 MB ICC profile at most a few hundred more
+(64 KB each); encoders write no fill bytes; a PNG of 20 MiB in libpng's 8 KiB IDAT chunks is
+2,560 chunks.
+"""
+
+from __future__ import annotations
+
+import re
+import struct
+from dataclasses import dataclass
+
+from service.core.errors import PayloadTooLarge
+
+JPEG_SOI = b"\xff\xd8"
+GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+# T.81 Table B.1: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC); progressive: 2, 6, 10, 14.
+_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
+_STANDALONE = frozenset({0x01, 0xD8, 0xD9, *range(0xD0, 0xD8)})  # TEM, SOI, EOI, RST0-7: no length
+_SOS, _EOI = 0xDA, 0xD9
+# A marker inside or after entropy-coded data (T.81, B.1.1.5): 0xFF followed by anything but a
+# stuffed 0x00, a restart marker or more fill.
+_MARKER_IN_SCAN = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
+# PNG chunks that carry pixels (PNG spec, 11.2.4 IDAT; APNG's fdAT); every other chunk's data
+# counts as metadata.
+_IMAGE_DATA = frozenset({b"IDAT", b"fdAT"})
+
+
+@dataclass(frozen=True)
+class PrescanLimits:
+    """What one JPEG or PNG may hold before it is refused (413), checked before decoding.
+
+    Attributes:
+        max_jpeg_scans: SOS markers (scans) in a JPEG; libjpeg's progressive default is 10.
+        max_jpeg_scan_pixels: scans x width x height of a JPEG, the work of decoding it
+            (a progressive JPEG is decoded scan by scan over the whole image): 1e9 lets a
+            40-megapixel photo have 25 scans.
+        max_jpeg_segments: marker segments of a JPEG, header and between scans.
+        max_jpeg_fill_bytes: bytes between a JPEG's segments that are not part of a marker
+            (0xFF fill, T.81 B.1.1.2, and junk Pillow skips one byte at a time).
+        max_png_chunks: chunks of a PNG, IDAT included.
+        max_gif_blocks: extension blocks and their data sub-blocks before a GIF's first image
+            (a 2 MB ICC profile in 255-byte sub-blocks is 8,000).
+        max_metadata_bytes: bytes of metadata (JPEG APPn and COM segments; PNG chunks other than
+            IDAT and fdAT; an ICC profile or text after decompression), per image.
+    """
+
+    max_jpeg_scans: int = 64
+    max_jpeg_scan_pixels: int = 1_000_000_000
+    max_jpeg_segments: int = 1024
+    max_jpeg_fill_bytes: int = 65536
+    max_png_chunks: int = 10_000
+    max_gif_blocks: int = 20_000
+    max_metadata_bytes: int = 16 * 1024 * 1024
+
+
+def _metadata_too_large(fmt: str, size: str, limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the {fmt} image's metadata is {size} bytes; the limit is {limit} (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
+    )
+
+
+def _fill_exceeded(limits: PrescanLimits) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the JPEG image has more than {limits.max_jpeg_fill_bytes} fill or junk bytes between its segments "
+        "(PATCHSERVE_MAX_JPEG_FILL_BYTES); no encoder writes that many: a parser bomb?"
+    )
+
+
+def _next_marker(data: bytes, pos: int, fill: int, limits: PrescanLimits) -> tuple[int, int]:
+    """Skip junk and 0xFF fill before the marker at ``pos``: (marker position after 0xFF, fill count).
+
+    Returns a position of ``len(data)`` when the data ends first.
+    """
+    budget = limits.max_jpeg_fill_bytes - fill
+    ff = data.find(b"\xff", pos, pos + budget + 1)
+    if ff < 0:
+        if len(data) - pos > budget:
+            raise _fill_exceeded(limits)
+        return len(data), fill + len(data) - pos
+    fill += ff - pos
+    end = ff + 1
+    limit = min(len(data), end + (limits.max_jpeg_fill_bytes - fill) + 1)
+    while end < limit and data[end] == 0xFF:  # bounded by the fill budget, which the next check enforces
+        end += 1
+    fill += end - ff - 1
+    if fill > limits.max_jpeg_fill_bytes:
+        raise _fill_exceeded(limits)
+    return end, fill
+
+
+def scan_jpeg(data: bytes, limits: PrescanLimits) -> None:
+    """Walk a JPEG's marker segments (ITU T.81, Annex B) and refuse a structure bomb.
+
+    The header up to the first scan is walked segment by segment (each length-prefixed segment
+    skipped whole); after it, the markers between and after the scans are found with one
+    regular expression over the entropy-coded data, up to the first EOI. The walk stops at the
+    first limit exceeded.
+
+    Args:
+        data: the file, starting with SOI (0xFFD8).
+        limits: the limits to apply.
+
+    Raises:
+        PayloadTooLarge: more scans, scans x pixels, segments, fill bytes or metadata bytes than
+            ``limits`` allow (413).
+    """
+    n = len(data)
+    pos, fill, segments, metadata, pixels, scans = 2, 0, 0, 0, 0, 0
+    while scans == 0:  # the header: every segment up to and including the first SOS
+        end, fill = _next_marker(data, pos, fill, limits)
+        if end >= n:
+            return  # truncated: Pillow says so
+        marker, pos = data[end], end + 1
+        if marker == 0x00:  # 0xFF00 outside a scan: junk that Pillow skips
+            fill += 2
+            if fill > limits.max_jpeg_fill_bytes:
+                raise _fill_exceeded(limits)
+            continue
+        segments += 1
+        if segments > limits.max_jpeg_segments:
+            break
+        if marker in _STANDALONE:
+            if marker == _EOI:
+                return
+            continue
+        if pos + 2 > n:
+            return
+        (length,) = struct.unpack_from(">H", data, pos)
+        if length < 2:
+            return  # corrupt: Pillow says so
+        if marker in _SOF and pos + 7 <= n:
+            height, width = struct.unpack_from(">HH", data, pos + 3)
+            pixels = width * height
+        elif 0xE0 <= marker <= 0xEF or marker == 0xFE:
+            metadata += length - 2
+        pos += length
+        scans += marker == _SOS
+    while segments <= limits.max_jpeg_segments:  # the scans and the segments between them
+        if metadata > limits.max_metadata_bytes:
+            raise _metadata_too_large("JPEG", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
+        if scans > limits.max_jpeg_scans:
+            raise PayloadTooLarge(
+                f"the JPEG image has more than {limits.max_jpeg_scans} scans (PATCHSERVE_MAX_JPEG_SCANS); encoders "
+                "write about 10: a scan bomb?"
+            )
+        if scans * pixels > limits.max_jpeg_scan_pixels:
+            raise PayloadTooLarge(
+                f"the JPEG image has at least {scans} scans of {pixels} pixels, more work than the limit of "
+                f"{limits.max_jpeg_scan_pixels} scan pixels (PATCHSERVE_MAX_JPEG_SCAN_PIXELS)"
+            )
+        found = _MARKER_IN_SCAN.search(data, pos)
+        if found is None:
+            return
+        marker, pos = data[found.start() + 1], found.end()
+        if marker == _EOI:
+            return
+        segments += 1
+        if marker in _STANDALONE:
+            continue
+        if pos + 2 > n:
+            return
+        (length,) = struct.unpack_from(">H", data, pos)
+        if 0xE0 <= marker <= 0xEF or marker == 0xFE:
+            metadata += max(length - 2, 0)
+        pos += max(length, 2)
+        scans += marker == _SOS
+    raise PayloadTooLarge(
+        f"the JPEG image has more than {limits.max_jpeg_segments} marker segments (PATCHSERVE_MAX_JPEG_SEGMENTS); "
+        "cameras write about 20: a parser bomb?"
+    )
+
+
+def scan_png(data: bytes, limits: PrescanLimits) -> None:
+    """Walk a PNG's chunks (PNG spec, 5.3: length, type, data, CRC) and refuse a structure bomb.
+
+    Stops at IEND, at the end of the data, or at the first limit exceeded. CRCs are Pillow's
+    to check.
+
+    Args:
+        data: the file, starting with the PNG signature.
+        limits: the limits to apply.
+
+    Raises:
+        PayloadTooLarge: more chunks than ``limits.max_png_chunks``, or more metadata (bytes of
+            chunks other than IDAT and fdAT) than ``limits.max_metadata_bytes`` (413).
+    """
+    pos, chunks, metadata, n = len(PNG_SIGNATURE), 0, 0, len(data)
+    while pos + 8 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if not kind.isalpha():  # PNG spec 5.4: a chunk type is four ASCII letters; corrupt, Pillow says so
+            return
+        chunks += 1
+        if chunks > limits.max_png_chunks:
+            raise PayloadTooLarge(
+                f"the PNG image has more than {limits.max_png_chunks} chunks (PATCHSERVE_MAX_PNG_CHUNKS); "
+                "encoders write one per 8-64 KiB of image data: a parser bomb?"
+            )
+        if kind not in _IMAGE_DATA:
+            metadata += min(length, n - pos - 12)  # what the file holds, not what a corrupt length says
+            if metadata > limits.max_metadata_bytes:
+                raise _metadata_too_large("PNG", f"at least {metadata}", limits.max_metadata_bytes)
+        if kind == b"IEND":
+            return
+        pos += 12 + length
+
+
+def scan_gif(data: bytes, limits: PrescanLimits) -> None:
+    """Walk a GIF's blocks up to its first image (GIF89a spec, sections 15-24) and refuse a parser bomb.
+
+    Pillow reads the extension blocks before the first image, and each of their data
+    sub-blocks, in Python (5 million one-byte comment sub-blocks, 10 MB: 3.2 s); the image's own
+    LZW sub-blocks are read by its C decoder. Stops at the first image descriptor, the trailer,
+    anything else (corrupt: Pillow says so), or the first limit exceeded.
+
+    Raises:
+        PayloadTooLarge: more blocks than ``limits.max_gif_blocks``, or more extension data than
+            ``limits.max_metadata_bytes`` (413).
+    """
+    n = len(data)
+    if n < 13:
+        return
+    flags = data[10]  # the logical screen descriptor's packed fields (section 18)
+    pos = 13 + (3 * (2 << (flags & 0x07)) if flags & 0x80 else 0)  # and the global colour table
+    blocks, metadata = 0, 0
+    while pos + 1 < n and data[pos] == 0x21:  # an extension: introducer, label, data sub-blocks
+        pos += 2
+        while pos < n:
+            size = data[pos]
+            pos += 1 + size
+            blocks += 1
+            metadata += size
+            if blocks > limits.max_gif_blocks:
+                raise PayloadTooLarge(
+                    f"the GIF image has more than {limits.max_gif_blocks} extension blocks before its first image "
+                    "(PATCHSERVE_MAX_GIF_BLOCKS): a parser bomb?"
+                )
+            if metadata > limits.max_metadata_bytes:
+                raise _metadata_too_large("GIF", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
+            if size == 0:  # the block terminator
+                break
+
+
+def prescan(data: bytes, limits: PrescanLimits) -> None:
+    """Refuse a JPEG, PNG or GIF whose structure would cost Pillow far more than its size suggests.
+
+    Any other data passes unchecked (Pillow identifies it).
+
+    Raises:
+        PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`.
+    """
+    if data.startswith(JPEG_SOI):
+        scan_jpeg(data, limits)
+    elif data.startswith(PNG_SIGNATURE):
+        scan_png(data, limits)
+    elif data.startswith(GIF_SIGNATURES):
+        scan_gif(data, limits)

@@ -1,0 +1,70 @@
+"""A still WebP decoded by libwebp straight to about twice the input size (its built-in rescaler).
+
+Optional: without the ``webp`` package (libwebp's decode API through cffi) Pillow decodes every
+WebP at full size.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from PIL import Image
+
+try:
+    import webp  # libwebp's decode API through cffi (the webp package): scaled WebP decoding
+except ImportError:  # without it, Pillow decodes every WebP at full size
+    webp = None
+# libwebp's WebPDecoderOptions (src/webp/decode.h) is 14 ints and 5 uint32 of padding; the webp
+# package declares only use_threads, its 11th int. use_scaling, scaled_width and scaled_height
+# are the 8th to 10th: written by index, once the package's layout is the one decode.h gives.
+_SCALING = 7
+_WEBP_SCALES = webp is not None and (
+    webp.ffi.offsetof("WebPDecoderOptions", "use_threads") == 40 and webp.ffi.sizeof("WebPDecoderOptions") == 76
+)
+
+
+def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alpha: bool) -> Image.Image | None:
+    """A still WebP decoded by libwebp straight to about twice ``target`` (its built-in rescaler).
+
+    Pillow decodes a WebP through libwebp's animation API, which holds two full canvases and
+    hands Pillow a third copy: a 1.6 KB lossless 6300x6300 WebP took 608 MiB at peak. Decoding
+    with ``WebPDecode`` and ``options.use_scaling`` (libwebp's decode.h) writes only the scaled
+    rows, so the peak is the lossless decoder's own ARGB plane (4 bytes per pixel) or, for a
+    lossy file, a few macroblock rows. Like a JPEG's draft, the result is at least ``target``
+    in both sides (about twice it), never larger than the image; what the preprocessor then
+    resizes is this picture.
+
+    Args:
+        data: the WebP file.
+        size: (width, height) of the stored image, in pixels.
+        target: (width, height), in stored orientation, the preprocessor will resize to at least.
+        alpha: decode RGBA (the file has alpha) rather than RGB.
+
+    Returns:
+        An "RGB" or "RGBA" image, or None when scaling would not shrink it, or libwebp cannot
+        decode the file this way (then Pillow decodes it, and reports any fault).
+    """
+    if not _WEBP_SCALES:
+        return None
+    width, height = size
+    scale = min(1.0, 2 * max(target[0] / width, target[1] / height))
+    scaled = (max(1, min(width, math.ceil(width * scale))), max(1, min(height, math.ceil(height * scale))))
+    if scaled[0] * scaled[1] * 2 > width * height:
+        return None  # not worth a second path: Pillow decodes it
+    channels, mode = (4, webp.WebPColorMode.RGBA) if alpha else (3, webp.WebPColorMode.RGB)
+    pixels = np.empty((scaled[1], scaled[0], channels), dtype=np.uint8)  # (H, W, C)
+    config = webp.WebPDecoderConfig.new()
+    options = webp.ffi.cast("int *", webp.ffi.addressof(config.ptr, "options"))
+    options[_SCALING], options[_SCALING + 1], options[_SCALING + 2] = 1, *scaled
+    config.output.colorspace = mode.value
+    config.output.is_external_memory = 1
+    config.output.u.RGBA.rgba = webp.ffi.cast("uint8_t*", webp.ffi.from_buffer(pixels))
+    config.output.u.RGBA.size = pixels.size
+    config.output.u.RGBA.stride = scaled[0] * channels
+    source = webp.ffi.from_buffer(data)
+    status = webp.lib.WebPDecode(webp.ffi.cast("uint8_t*", source), len(data), config.ptr)
+    webp.lib.WebPFreeDecBuffer(webp.ffi.addressof(config.ptr, "output"))
+    if status != webp.lib.VP8_STATUS_OK:
+        return None
+    return Image.fromarray(pixels, "RGBA" if alpha else "RGB")

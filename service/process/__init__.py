@@ -1,0 +1,1 @@
+"""The process: the uvicorn entry point, its connection protocol, the container's health check."""

@@ -1,0 +1,66 @@
+"""Connections whose client does not read: a send timeout, which uvicorn lacks (issue 15).
+
+uvicorn writes a response into the connection's transport and, when the transport's buffer
+passes its high-water mark, waits for it to drain, with no limit: a client that never reads
+its response keeps the request's task, its in-flight slot and the unsent bytes on the server
+for as long as the connection lives (asyncio's ``close()`` itself waits for the buffer to
+drain). :class:`SendTimeoutProtocol` is uvicorn's httptools protocol with one addition: once
+writing has been paused (the buffer is full) for ``send_timeout`` seconds without the client
+reading enough to resume it, the connection is aborted, its buffer dropped, and the request
+sees a disconnect (``ClientDisconnected``, counted as ``cancelled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+log = logging.getLogger(__name__)
+
+PROTOCOL = "service.process.connections:SendTimeoutProtocol"  # uvicorn's ``http`` setting (importable by workers)
+
+
+class SendTimeoutProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol, aborting a connection whose writes stay paused ``send_timeout`` s.
+
+    ``send_timeout`` (seconds) is read from uvicorn's config (:class:`service.process.serve.ServeConfig`);
+    without it the protocol is uvicorn's own.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._send_timer: asyncio.TimerHandle | None = None
+
+    def _cancel_send_timer(self) -> None:
+        if self._send_timer is not None:
+            self._send_timer.cancel()
+            self._send_timer = None
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        timeout = getattr(self.config, "send_timeout", None)
+        if timeout and self._send_timer is None:
+            self._send_timer = self.loop.call_later(timeout, self._abort_unread)
+
+    def resume_writing(self) -> None:
+        self._cancel_send_timer()
+        super().resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_send_timer()
+        super().connection_lost(exc)
+
+    def _abort_unread(self) -> None:
+        self._send_timer = None
+        unsent = self.transport.get_write_buffer_size()
+        log.warning(
+            "client %s read nothing of its response for %.1f s (PATCHSERVE_SEND_TIMEOUT); connection aborted, "
+            "%d unsent bytes dropped",
+            self.client,
+            self.config.send_timeout,
+            unsent,
+        )
+        self.transport.abort()

@@ -1,0 +1,1 @@
+"""What serves: ONNX Runtime sessions, the manifest, the model repository, loading, tuning, model control."""

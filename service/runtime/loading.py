@@ -1,0 +1,198 @@
+"""Loading one model version: manifest, sessions, checks against the graph, tuning, warm-up.
+
+:class:`Loader` holds the plain values every version is loaded with (device, batching defaults,
+threads, the auto-tuner) and :meth:`Loader.load` turns one ``<name>/<version>/`` folder into a
+:class:`~service.runtime.repository.ModelVersion` whose batcher is not started yet. It is blocking and
+runs in a worker thread, at start-up for every version and later for each version published
+while the server serves (:mod:`service.runtime.model_control`).
+
+While other models serve, the auto-tuner never measures (a measurement taken while the CPU is
+shared with live traffic would be wrong, and would slow that traffic): a live load takes the
+tuner's cached result for this graph if there is one, else the choice of the version of the same
+model that is serving now, else the batching settings as given.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from service.batching.batcher import Batcher
+from service.batching.config import BatchingConfig
+from service.core.errors import RepositoryError
+from service.imaging.preprocess import Preprocessor
+from service.runtime.cpus import ThreadPlan
+from service.runtime.manifest import Manifest, ManifestError, load_manifest
+from service.runtime.repository import ModelVersion
+from service.runtime.sessions import CudaOptions, OrtRunner
+from service.runtime.tuning import Tuner, TuneResult
+
+log = logging.getLogger(__name__)
+
+
+def check_graph(manifest: Manifest, runner: OrtRunner, folder: Path) -> None:
+    """Refuse a graph that does not match its manifest: input name, fixed input dims, output names.
+
+    Raises:
+        RepositoryError: naming the folder, what the manifest says and what the graph has.
+    """
+    graph_input = runner.session.get_inputs()[0]
+    if graph_input.name != manifest.input.name:
+        raise RepositoryError(
+            f"{folder}: the graph's input is {graph_input.name!r}, the manifest's input.name {manifest.input.name!r}"
+        )
+    shape = list(graph_input.shape)
+    if len(shape) != 4 or any(
+        isinstance(g, int) and isinstance(m, int) and g != m
+        for g, m in zip(shape[1:], manifest.input.shape[1:], strict=True)
+    ):
+        raise RepositoryError(
+            f"{folder}: the graph's input {graph_input.name!r} has shape {shape}, the manifest's input.shape "
+            f"{manifest.input.shape}"
+        )
+    missing = [name for name in manifest.outputs if name not in runner.output_names]
+    if missing:
+        raise RepositoryError(
+            f"{folder}: the manifest's outputs {missing} are not in the graph ({runner.output_names})"
+        )
+
+
+def _tuning_note(tuned: TuneResult | None, overrides: dict, batch_size_fixed: bool, fixed_instances: int | None) -> str:
+    """Why the tuner chose what it did not (a fixed value), in words."""
+    fixed = []
+    if overrides.get("max_batch_size"):
+        fixed.append("max_batch_size from the manifest's batching section")
+    elif batch_size_fixed:
+        fixed.append("max_batch_size set (PATCHSERVE_MAX_BATCH_SIZE)")
+    if fixed_instances is not None:
+        fixed.append("instances set (PATCHSERVE_INSTANCES)")
+    if tuned is None:
+        return "not tuned: " + (" and ".join(fixed) if fixed else "the session did not get its provider")
+    return "tuned" + (f"; kept {' and '.join(fixed)}" if fixed else "")
+
+
+@dataclass(frozen=True)
+class Loader:
+    """The values every model version is loaded with (see :func:`service.runtime.repository.load_repository`).
+
+    With ``threads`` (:func:`service.runtime.cpus.plan_threads`) the instances, intra-op threads and spinning
+    come from that plan instead of the plain values. With ``tuner`` each version's instance count and
+    ``max_batch_size`` are measured (or read from the tuner's cache) first, except what is fixed:
+    ``max_batch_size`` by the manifest's ``batching`` section or, with ``batch_size_fixed``, by
+    ``batching``; the instance count by the plan (a setting forced it).
+    """
+
+    device: Literal["auto", "cuda", "cpu"]
+    batching: BatchingConfig
+    intra_op_threads: int = 0
+    inter_op_threads: int = 0
+    intra_op_spinning: bool = False
+    io_binding: bool = False
+    cuda: CudaOptions | None = None
+    instances: int = 1
+    threads: ThreadPlan | None = None
+    tuner: Tuner | None = None
+    batch_size_fixed: bool = False
+
+    def load(
+        self, name: str, version: int, folder: Path, *, live: bool = False, serving: ModelVersion | None = None
+    ) -> ModelVersion:
+        """Load ``folder`` (``<name>/<version>/``): sessions created and checked, batcher not started.
+
+        Blocking (seconds); call it from a worker thread.
+
+        Args:
+            live: other models are serving: the tuner does not measure (see the module's docstring).
+            serving: with ``live``, the version of this model serving now, whose tuned choice is
+                taken when the tuner's cache has none for this graph.
+
+        Raises:
+            RepositoryError: a missing or invalid manifest (naming the file and field), or a graph
+                that does not match it.
+            Exception: what ONNX Runtime raises for a graph it cannot load.
+        """
+        try:
+            manifest = load_manifest(folder / "model.json")
+        except ManifestError as exc:
+            raise RepositoryError(str(exc)) from None
+        preprocessor = Preprocessor(manifest.preprocessing)
+        overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
+        config = self.batching.override(**overrides)
+
+        def make_runner(intra: int, spinning: bool) -> OrtRunner:
+            return OrtRunner(
+                folder / "model.onnx",
+                device=self.device,
+                intra_op_threads=intra,
+                inter_op_threads=self.inter_op_threads,
+                intra_op_spinning=spinning,
+                io_binding=self.io_binding,
+                cuda=self.cuda,
+            )
+
+        plan, tuned, note = self.threads, None, "off"
+        if self.tuner is not None and plan is not None:
+            fixed_batch = overrides.get("max_batch_size") or (
+                self.batching.max_batch_size if self.batch_size_fixed else None
+            )
+            fixed_instances = plan.instances if "instances" in plan.forced else None
+            tuned = self.tuner.run(
+                name,
+                version,
+                folder / "model.onnx",
+                preprocessor.output_shape,
+                manifest.input.dtype,
+                make_runner=make_runner,
+                threads_for=lambda n, plan=plan: (
+                    plan.with_instances(n).intra_op_threads,
+                    plan.with_instances(n).spinning,
+                ),
+                cores=plan.cores.cores,
+                share=plan.share,
+                fixed_instances=fixed_instances,
+                fixed_batch_size=fixed_batch,
+                cached_only=live,
+            )
+            note = _tuning_note(tuned, overrides, self.batch_size_fixed, fixed_instances)
+            if tuned is None and live:
+                tuned, note = self._serving_choice(serving, fixed_batch, fixed_instances)
+            if tuned is not None:
+                plan = plan.with_instances(tuned.instances)
+                config = config.override(max_batch_size=fixed_batch or tuned.max_batch_size)
+        if plan is not None:
+            runners = [make_runner(plan.intra_op_threads, plan.spinning) for _ in range(plan.instances)]
+        else:
+            runners = [make_runner(self.intra_op_threads, self.intra_op_spinning) for _ in range(self.instances)]
+        check_graph(manifest, runners[0], folder)
+        batcher = Batcher([r.run for r in runners], config, model=name, version=str(version))
+        model = ModelVersion(
+            name, version, folder, manifest, runners[0], preprocessor, batcher, instances=runners,
+            threads=plan, tuning=tuned, tuning_note=note,
+        )  # fmt: skip
+        log.info(
+            "model %s version %d: %s on %s; %s; max_batch_size %d",
+            name, version, manifest.task, runners[0].providers.primary,
+            plan.reason if plan is not None else f"{len(runners)} instance(s)", config.max_batch_size,
+        )  # fmt: skip
+        return model
+
+    @staticmethod
+    def _serving_choice(
+        serving: ModelVersion | None, fixed_batch: int | None, fixed_instances: int | None
+    ) -> tuple[TuneResult | None, str]:
+        """The tuned choice of the version serving now, for a live load that found nothing cached."""
+        if serving is None or serving.tuning is None:
+            return None, "not tuned: loaded while serving (no measurement then) and nothing cached for this graph"
+        base = serving.tuning
+        reused = TuneResult(
+            fixed_instances or base.instances,
+            fixed_batch or base.max_batch_size,
+            list(base.points),
+            source=f"reused from version {serving.version} (loaded while serving; nothing cached for this graph)",
+            key=base.key,
+            measured_at=base.measured_at,
+            cache_file=base.cache_file,
+        )
+        return reused, f"not measured: loaded while serving; version {serving.version}'s choice reused"

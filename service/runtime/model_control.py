@@ -1,0 +1,389 @@
+"""Changing what is served while serving: load, validate, warm up, swap in; retire, drain, release.
+
+:class:`ModelControl` keeps one worker's :class:`~service.runtime.repository.ModelRepository` (the
+routing table) in line with the repository folder and each model's version policy
+(:mod:`service.runtime.version_policy`). It is driven by the poller (:mod:`service.runtime.repository_watch`,
+``PATCHSERVE_REPOSITORY_POLL_SECONDS``) and by the repository API
+(``POST /v2/repository/models/{name}/load|unload``, :mod:`service.http.routes.repository`).
+
+**A version counts** once its folder holds ``model.json`` and ``model.onnx`` (a folder whose
+name starts with a dot is ignored). The poller also waits until both files' sizes and
+modification times are the same at two polls in a row, so a copy still being written is not
+loaded half-way; publishing atomically (write ``.2.partial/``, then rename it to ``2``) makes
+that wait harmless. The load API takes the folder as it is at once.
+
+**Swap.** A new version is loaded in a worker thread (manifest, sessions, the graph's input and
+outputs checked against the manifest, the auto-tuner's cached result, one warm-up run per batch
+size), so requests to every other version go on meanwhile; only then is its batcher started and
+it enters the routing table. The event loop makes that one step: a request sees the old table or
+the new one.
+
+**Retire.** A version the policy no longer selects (or whose folder went, or whose model was
+unloaded) leaves the routing table at once: no new request reaches it. Requests that reached it
+hold it (:meth:`ModelRepository.use`) until answered, so what it has queued and in flight gets
+its answer; once none holds it (or after ``drain_timeout`` seconds) its batcher stops and its
+sessions and buffers are let go.
+
+**Failure.** A version that fails to load never enters the table, so it never displaces the one
+serving: it is logged, counted in ``patchserve_model_loads_total{outcome="failure"}``, and shown
+with its reason until its files change (the poller then tries again) or a load asks again.
+
+Every method runs on the event loop; one change at a time (a lock), so two loads never compete.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from service.core import metrics
+from service.core.errors import BadRequest, RepositoryError
+from service.runtime.control_signal import ControlSignal
+from service.runtime.loading import Loader
+from service.runtime.repository import NAME_PATTERN, VERSION_PATTERN, ModelRepository, ModelVersion
+from service.runtime.version_policy import ConfigError, VersionPolicy, read_config
+
+log = logging.getLogger(__name__)
+
+LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"  # Triton's states
+Fingerprint = tuple[int, int, int, int]  # model.json and model.onnx: (size, mtime_ns) each
+
+
+def fingerprint(folder: Path) -> Fingerprint | None:
+    """The sizes and modification times of ``folder``'s model.json and model.onnx; None while either is missing."""
+    try:
+        manifest, graph = (folder / "model.json").stat(), (folder / "model.onnx").stat()
+    except OSError:
+        return None
+    return manifest.st_size, manifest.st_mtime_ns, graph.st_size, graph.st_mtime_ns
+
+
+@dataclass
+class VersionState:
+    """A version that is not (or not only) serving: loading, unloading, or unavailable with a reason."""
+
+    state: str
+    reason: str = ""
+    fingerprint: Fingerprint | None = None  # the files that failed: tried again once they change
+    failed: bool = False  # UNAVAILABLE because loading failed (else: unloaded)
+
+
+@dataclass
+class _Found:
+    folder: Path
+    fingerprint: Fingerprint | None  # None: incomplete
+
+
+@dataclass
+class ModelControl:
+    """One worker's loads, swaps and retirements (see the module's docstring).
+
+    Args:
+        root: the repository folder.
+        loader: loads one version (blocking).
+        repository: the routing table it changes.
+        drain_timeout: most seconds a retiring version waits for its requests before it is released.
+    """
+
+    root: Path
+    loader: Loader
+    repository: ModelRepository
+    drain_timeout: float = 60.0
+    signal: ControlSignal | None = None  # with several workers: API changes go to every worker
+    states: dict[str, dict[int, VersionState]] = field(default_factory=dict)
+    overrides: dict[str, VersionPolicy] = field(default_factory=dict)  # from the load API's config
+    unloaded: set[str] = field(default_factory=set)  # unloaded by the API: not served until loaded again
+    config_errors: dict[str, str] = field(default_factory=dict)
+    _serving: dict[tuple[str, int], Fingerprint | None] = field(default_factory=dict)  # files of each routed version
+    _seen: dict[tuple[str, int], Fingerprint | None] = field(default_factory=dict)  # at the previous poll
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    _retiring: set[asyncio.Task[None]] = field(default_factory=set)
+    _warned: set[str] = field(default_factory=set)
+
+    # What is on disk, and what should serve.
+
+    def scan(self, names: set[str] | None = None) -> dict[str, dict[int, _Found]]:
+        """The version folders under the root (of ``names`` only, if given), complete or not.
+
+        Raises:
+            OSError: the root or a model folder could not be listed (a folder that vanished while it
+                was scanned, an unmounted volume): the caller changes nothing on a partial view.
+        """
+        found: dict[str, dict[int, _Found]] = {}
+        for model_dir in sorted(self.root.iterdir()):
+            name = model_dir.name
+            if not model_dir.is_dir() or name.startswith(".") or (names is not None and name not in names):
+                continue
+            if not NAME_PATTERN.match(name):
+                self._warn_once(f"{model_dir}: not a valid model name (letters, digits, _ . -); ignored")
+                continue
+            versions = found.setdefault(name, {})
+            for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                if not VERSION_PATTERN.fullmatch(version_dir.name):
+                    self._warn_once(f"{version_dir}: a version folder must be a number of at most 9 digits; ignored")
+                    continue
+                versions[int(version_dir.name)] = _Found(version_dir, fingerprint(version_dir))
+        return found
+
+    def _warn_once(self, message: str) -> None:
+        if message not in self._warned:
+            self._warned.add(message)
+            log.warning("%s", message)
+
+    def policy(self, name: str) -> VersionPolicy:
+        """The model's version policy: the load API's, else its config.json's, else ``latest: 1``.
+
+        Raises:
+            ConfigError: its config.json is invalid.
+        """
+        return self.overrides.get(name) or read_config(self.root / name).version_policy
+
+    def startup_versions(self) -> list[tuple[str, int, Path]]:
+        """(name, version, folder) of each version to load at start-up: every model's policy applied.
+
+        Raises:
+            ConfigError: a model's config.json is invalid.
+        """
+        chosen = []
+        for name, versions in self.scan().items():
+            complete = {v: f for v, f in versions.items() if f.fingerprint is not None}
+            for version in sorted(self.policy(name).select(complete)):
+                chosen.append((name, version, complete[version].folder))
+                self._seen[(name, version)] = complete[version].fingerprint
+        return chosen
+
+    def adopt(self, model: ModelVersion) -> None:
+        """A version loaded at start-up (its batcher started): route it and count its load."""
+        self._serving[(model.name, model.version)] = fingerprint(model.path)
+        self.repository.add(model)
+        _loaded(model)
+
+    # Changes.
+
+    async def sync(self, names: set[str] | None = None, *, settled: bool = True, force: bool = False) -> None:
+        """Bring the served versions in line with the folder and the policies (of ``names``, or all).
+
+        Args:
+            settled: count a version only once its files are as they were at the previous call
+                (the poller); False: as they are now (the load API).
+            force: try again versions that failed with the same files (the load API).
+        """
+        async with self._lock:
+            try:
+                found = self.scan(names)
+            except OSError as exc:
+                self._warn_once(f"the model repository {self.root} could not be scanned ({exc}); serving is unchanged")
+                return
+            targets = set(found) | set(self.repository.models) | set(self.states)
+            for name in sorted(targets if names is None else names):
+                await self._sync_model(name, found.get(name, {}), settled=settled, force=force)
+
+    async def _sync_model(self, name: str, found: dict[int, _Found], *, settled: bool, force: bool) -> None:
+        routed = self.repository.models.get(name, {})
+        states = self.states.setdefault(name, {})
+        for version in [v for v, s in states.items() if s.state == UNAVAILABLE and v not in found]:
+            del states[version]  # its folder went: forget its failure
+        if name in self.unloaded:
+            loadable, kept, policy = {}, set(), None
+        else:
+            try:
+                policy = self.policy(name)
+                self.config_errors.pop(name, None)
+            except ConfigError as exc:
+                if self.config_errors.get(name) != str(exc):
+                    log.error("model %s: %s; what it serves is unchanged", name, exc)
+                self.config_errors[name] = str(exc)
+                return
+            loadable, kept = self._candidates(name, found, routed, states, settled=settled, force=force)
+        available = set(loadable) | kept
+        wanted = policy.select(available) if policy is not None else set()
+        for version in sorted(wanted, reverse=True):  # the highest first: it takes the requests without a version
+            if version not in loadable:
+                continue  # serving already, kept as it is
+            if version in routed and self._serving.get((name, version)) == loadable[version].fingerprint:
+                continue  # serving already, with these files
+            if not await self._load(name, version, loadable[version]) and version not in routed:
+                available.discard(version)
+        wanted = policy.select(available) if policy is not None else set()  # failures never displace what serves
+        for version in sorted(set(self.repository.models.get(name, {})) - wanted):
+            self._retire(self.repository.remove(name, version), "unloaded" if name in self.unloaded else "")
+        if not states:
+            self.states.pop(name, None)
+
+    def _candidates(
+        self, name: str, found: dict[int, _Found], routed: dict[int, ModelVersion], states: dict[int, VersionState],
+        *, settled: bool, force: bool,
+    ) -> tuple[dict[int, _Found], set[int]]:  # fmt: skip
+        """(versions that may be loaded now, routed versions kept as they are though their files changed)."""
+        loadable, kept = {}, set()
+        for version, entry in found.items():
+            key, fp = (name, version), entry.fingerprint
+            previous, self._seen[key] = self._seen.get(key), fp
+            failed = states.get(version)
+            complete = fp is not None and (not settled or previous == fp or self._serving.get(key) == fp)
+            if complete and (force or failed is None or not failed.failed or failed.fingerprint != fp):
+                loadable[version] = entry
+            elif version in routed:
+                kept.add(version)  # still being written, or the rewrite failed: the old files' sessions serve
+        return loadable, kept
+
+    async def _load(self, name: str, version: int, found: _Found) -> bool:
+        """Load, check and warm up one version off the event loop, then route it. Returns success."""
+        states = self.states.setdefault(name, {})
+        states[version] = VersionState(LOADING)
+        routed = self.repository.models.get(name, {})
+        serving = routed[max(routed)] if routed else None
+        log.info("model %s version %d: loading %s while serving", name, version, found.folder)
+        try:
+            model = await asyncio.get_running_loop().run_in_executor(
+                None, self._load_blocking, name, version, found, serving
+            )
+        except Exception as exc:
+            reason = str(exc) if isinstance(exc, RepositoryError) else f"{type(exc).__name__}: {exc}"
+            log.error("model %s version %d: failed to load; what serves is unchanged: %s", name, version, reason)
+            metrics.MODEL_LOADS.labels(name, str(version), "failure").inc()
+            states[version] = VersionState(UNAVAILABLE, reason, found.fingerprint, failed=True)
+            await asyncio.to_thread(_collect_garbage)  # the failed sessions' memory goes back now
+            return False
+        await model.batcher.start()
+        del states[version]
+        self._serving[(name, version)] = found.fingerprint
+        replaced = self.repository.add(model)
+        _loaded(model)
+        log.info("model %s version %d: serving", name, version)
+        if replaced is not None:  # the same version number with new files: the old sessions retire
+            replaced.retiring = True
+            self._retire(replaced, "")
+        return True
+
+    def _load_blocking(self, name: str, version: int, found: _Found, serving: ModelVersion | None) -> ModelVersion:
+        model = self.loader.load(name, version, found.folder, live=True, serving=serving)
+        if not model.runner.providers.ok:
+            raise RuntimeError(model.runner.providers.reason)
+        model.warm_up()
+        return model
+
+    def _retire(self, model: ModelVersion, reason: str) -> None:
+        """``model`` is out of the routing table: finish its requests in the background, then release it."""
+        states = self.states.setdefault(model.name, {})
+        if model.version not in self.repository.models.get(model.name, {}):
+            states[model.version] = VersionState(UNLOADING, reason)
+        task = asyncio.create_task(self._drain(model, reason), name=f"retire-{model.name}-{model.version}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    async def _drain(self, model: ModelVersion, reason: str) -> None:
+        log.info("model %s version %d: retiring; finishing its %d request(s)", model.name, model.version, model.users)
+        try:
+            await asyncio.wait_for(model.until_unused(), self.drain_timeout)
+        except TimeoutError:
+            log.warning("model %s version %d: %d request(s) still held it after %.0f s; releasing it anyway",
+                        model.name, model.version, model.users, self.drain_timeout)  # fmt: skip
+        await model.release()
+        states = self.states.get(model.name, {})
+        if model.version not in self.repository.models.get(model.name, {}):  # (else: new files of it serve)
+            labels = (model.name, str(model.version), model.manifest.task, model.runner.providers.primary)
+            metrics.MODEL_INFO.labels(*labels).set(0)
+            self._serving.pop((model.name, model.version), None)
+            if states.get(model.version, VersionState("")).state == UNLOADING:
+                if reason:
+                    states[model.version] = VersionState(UNAVAILABLE, reason)
+                else:
+                    del states[model.version]
+        if not states:
+            self.states.pop(model.name, None)
+        log.info("model %s version %d: released", model.name, model.version)
+
+    async def until_retired(self) -> None:
+        """Wait until every retiring version has been released (tests; shutdown)."""
+        while self._retiring:
+            await asyncio.wait(set(self._retiring))
+
+    # The load API.
+
+    async def load(self, name: str, policy: VersionPolicy | None = None, *, signal: bool = True) -> None:
+        """Load (or load again) model ``name`` as its folder holds it now: Triton's load.
+
+        Args:
+            policy: a version policy for this model until the next load without one or an unload.
+            signal: tell the other workers too (False: applying another worker's signal).
+
+        Raises:
+            BadRequest: no such model folder, or a version its policy selects failed to load (400).
+        """
+        if not NAME_PATTERN.match(name) or not (self.root / name).is_dir():
+            raise BadRequest(f"no model folder {name!r} in the model repository")
+        if signal and self.signal is not None:
+            self.signal.publish(name, "load", policy)
+        self.unloaded.discard(name)
+        if policy is None:
+            self.overrides.pop(name, None)
+        else:
+            self.overrides[name] = policy
+        await self.sync({name}, settled=False, force=True)
+        if name in self.config_errors:
+            raise BadRequest(f"failed to load {name!r}: {self.config_errors[name]}")
+        failed = {v: s.reason for v, s in self.states.get(name, {}).items() if s.failed}
+        if failed:
+            reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
+            raise BadRequest(f"failed to load {name!r}: {reasons}")
+        if name not in self.repository.models:
+            raise BadRequest(f"failed to load {name!r}: no complete version folder its version policy selects")
+
+    async def unload(self, name: str, *, signal: bool = True) -> None:
+        """Stop serving model ``name`` (every version) until it is loaded again: Triton's unload.
+
+        Returns at once; its versions finish their requests in the background, then are released.
+        With ``signal`` the other workers are told too (False: applying another worker's signal).
+
+        Raises:
+            BadRequest: no such model (400).
+        """
+        if name not in self.repository.models and not (NAME_PATTERN.match(name) and (self.root / name).is_dir()):
+            raise BadRequest(f"no model {name!r} to unload")
+        if signal and self.signal is not None:
+            self.signal.publish(name, "unload", None)
+        async with self._lock:
+            self.unloaded.add(name)
+            self.overrides.pop(name, None)
+            for version in sorted(self.repository.models.get(name, {})):
+                self._retire(self.repository.remove(name, version), "unloaded")
+
+    # What is served, for the index and GET /v1/models.
+
+    def index(self) -> list[dict[str, str]]:
+        """Every model in the folder or served, by version: Triton's repository index entries."""
+        try:
+            on_disk = set(self.scan())
+        except OSError:
+            on_disk = set()
+        names = set(self.repository.models) | set(self.states) | on_disk | set(self.config_errors)
+        entries = []
+        for name in sorted(names):
+            versions = {v: VersionState(READY) for v in self.repository.models.get(name, {})}
+            for version, state in self.states.get(name, {}).items():
+                versions.setdefault(version, state)
+            for version, state in sorted(versions.items()):
+                entries.append({"name": name, "version": str(version), "state": state.state, "reason": state.reason})
+            if not versions:
+                reason = self.config_errors.get(name) or (
+                    "unloaded" if name in self.unloaded else "no version to serve"
+                )
+                entries.append({"name": name, "version": "", "state": UNAVAILABLE, "reason": reason})
+        return entries
+
+
+def _loaded(model: ModelVersion) -> None:
+    metrics.MODEL_LOADS.labels(model.name, str(model.version), "success").inc()
+    metrics.MODEL_INFO.labels(model.name, str(model.version), model.manifest.task, model.runner.providers.primary).set(
+        1
+    )
+    metrics.export_choices(model)
+
+
+def _collect_garbage() -> None:
+    import gc
+
+    gc.collect()

@@ -1,0 +1,129 @@
+"""The auto-tuner's measurement: the throughput curve of n sessions running batches of b zeros.
+
+Points are measured in interleaved rounds, each point's throughput its median over them, within
+a time budget; :func:`cpu_clocks` says how much CPU other processes took meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from service.runtime.tuning.curve import Point
+
+log = logging.getLogger(__name__)
+
+RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
+TURN_DOWN = 0.90  # a sweep stops once two batch sizes in a row give under 90 % of the best so far
+
+
+def measure_point(runners: Sequence[RunFn], batch: np.ndarray, seconds: float) -> float:
+    """Images per second of ``runners`` each running ``batch`` over and over, one thread each, for ``seconds``.
+
+    Every runner runs once first, uncounted; each then runs at least once more counted.
+    """
+    for run in runners:
+        run(batch)
+    done = [0] * len(runners)
+    start = threading.Barrier(len(runners) + 1)
+    deadline = [0.0]
+
+    def loop(i: int) -> None:
+        start.wait()
+        while True:
+            runners[i](batch)
+            done[i] += len(batch)
+            if time.perf_counter() >= deadline[0]:
+                return
+
+    threads = [threading.Thread(target=loop, args=(i,), name=f"tune-{i}") for i in range(len(runners))]
+    for thread in threads:
+        thread.start()
+    began = time.perf_counter()
+    deadline[0] = began + seconds
+    start.wait()
+    for thread in threads:
+        thread.join()
+    return sum(done) / (time.perf_counter() - began)
+
+
+def measure(
+    make_runners: Callable[[int], Sequence[RunFn]],
+    input_shape: tuple[int, ...],
+    *,
+    dtype: str = "float32",
+    instance_counts: Sequence[int],
+    sizes: Sequence[int],
+    point_seconds: float,
+    budget_seconds: float,
+    rounds: int = 1,
+    measure_one: Callable[[Sequence[RunFn], np.ndarray, float], float] = measure_point,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[Point]:
+    """The throughput curve over ``instance_counts`` × ``sizes``, within ``budget_seconds``.
+
+    The first round walks the grid (a batch-size sweep stops once two sizes in a row gave
+    under 90 % of its best); each further round measures the same points again in the same
+    order, so that a burst of foreign load or a noisy point lands in one round only, and each
+    point's throughput is its median over the rounds it got (rounds stop at the budget too).
+    The sessions of every instance count stay open until the last round.
+
+    Args:
+        make_runners: n -> n runners (sessions) of the model, ``(B, C, H, W) -> outputs``.
+        input_shape: one input, (C, H, W).
+        point_seconds: seconds each point is measured, per round.
+        budget_seconds: once this much has passed no further point starts.
+        rounds: passes over the grid (>= 1).
+        measure_one, clock: injectable for tests.
+    """
+    started = clock()
+    samples: dict[tuple[int, int], list[float]] = {}
+    runners_of: dict[int, Sequence[RunFn]] = {}
+
+    def batch_of(b: int) -> np.ndarray:
+        return np.zeros((b, *input_shape), dtype=dtype)  # (B, C, H, W)
+
+    for n in instance_counts:
+        if clock() - started >= budget_seconds:
+            break
+        runners_of[n] = make_runners(n)
+        best, below = 0.0, 0
+        for b in sizes:
+            if clock() - started >= budget_seconds:
+                log.warning("auto-tune: the %.1f s budget ran out at n=%d, b=%d", budget_seconds, n, b)
+                break
+            throughput = measure_one(runners_of[n], batch_of(b), point_seconds)
+            samples[(n, b)] = [throughput]
+            best = max(best, throughput)
+            below = below + 1 if throughput < TURN_DOWN * best else 0
+            if below == 2:
+                break  # two sizes in a row well below the best: the curve has turned down
+    grid = list(samples)
+    for _ in range(rounds - 1):
+        for n, b in grid:
+            if clock() - started >= budget_seconds:
+                break
+            samples[(n, b)].append(measure_one(runners_of[n], batch_of(b), point_seconds))
+    runners_of.clear()
+    return [Point(n, b, float(np.median(samples[(n, b)]))) for n, b in grid]
+
+
+def cpu_clocks(proc_stat: Path = Path("/proc/stat")) -> tuple[float, float]:
+    """(CPU seconds the whole machine has been busy, user + nice + system; this process's CPU seconds).
+
+    From ``/proc/stat``'s ``cpu`` line (proc(5), clock ticks) and ``os.times()``; (0, own) where
+    there is no /proc, so the machine never looks busy there.
+    """
+    own = sum(os.times()[:2])
+    try:
+        line = next(ln for ln in proc_stat.read_text().splitlines() if ln.startswith("cpu "))
+    except (OSError, StopIteration):
+        return own, own
+    user, nice, system = (int(v) for v in line.split()[1:4])
+    return (user + nice + system) / os.sysconf("SC_CLK_TCK"), own

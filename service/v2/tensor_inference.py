@@ -1,0 +1,175 @@
+"""Raw-tensor inference for the Open Inference Protocol: check, split, batch, reassemble.
+
+A request's input tensor (B, C, H, W) is checked against the model's manifest, split into its
+B rows, and each row is submitted to the model version's batcher like one decoded image of
+``/v1`` (so tensors and images share batches); the rows' outputs are stacked back into
+(B, ...) tensors in request order. No preprocessing and no post-processing: the client sends
+the graph's input and gets the graph's outputs, as with Triton.
+
+Non-finite inputs (NaN, infinities) are run, as Triton runs them: perf_analyzer's default
+random data is random bytes, many of which are NaN in FP32. A row's values never reach its
+batch mates (each output row depends on its input row only), and the outputs they give are
+returned as they are: bit for bit in binary, and as ``null`` in JSON (JSON has no NaN; RFC
+8259, section 6), which keeps the body valid JSON.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+import numpy as np
+
+from service import tasks
+from service.batching.config import InferenceResult
+from service.core.errors import BadRequest, ProblemError
+from service.runtime.repository import ModelVersion
+from service.tasks import classification
+from service.v2.protocol import ORT_DATATYPES, InferRequest, OutputTensor, RequestedOutput, datatype_of
+
+
+@dataclass(frozen=True)
+class TensorOutcome:
+    """The outputs of one request and how long its rows waited and ran.
+
+    Attributes:
+        outputs: the tensors to return, in the order asked for.
+        queue_seconds: the longest time a row waited in the batcher's queue.
+        compute_seconds: the longest model run among the row's batches.
+    """
+
+    outputs: list[OutputTensor]
+    queue_seconds: float
+    compute_seconds: float
+
+
+def dims(shape: list[int | str]) -> list[int]:
+    """A manifest or ONNX shape in protocol form: symbolic axes become -1."""
+    return [d if isinstance(d, int) else -1 for d in shape]
+
+
+def input_datatype(model: ModelVersion) -> str:
+    """The protocol datatype of the model's image input ("FP32" or "FP16")."""
+    return {"float32": "FP32", "float16": "FP16"}[model.manifest.input.dtype]
+
+
+def output_specs(model: ModelVersion) -> list[tuple[str, str, list[int]]]:
+    """(name, datatype, shape with -1 for symbolic axes) of each output the manifest lists."""
+    graph = {o.name: o for o in model.runner.session.get_outputs()}
+    return [
+        (
+            name,
+            ORT_DATATYPES.get(graph[name].type, "FP32"),
+            dims([d if d is not None else "?" for d in graph[name].shape]),
+        )
+        for name in model.manifest.outputs
+        if name in graph
+    ]
+
+
+def _checked_input(model: ModelVersion, request: InferRequest, max_rows: int) -> np.ndarray:
+    spec = model.manifest.input
+    unknown = sorted(set(request.inputs) - {spec.name})
+    if unknown:
+        raise BadRequest(f"model {model.name!r} has no input {unknown[0]!r}; its input is {spec.name!r}")
+    if spec.name not in request.inputs:
+        raise BadRequest(f"input {spec.name!r} is missing")
+    x = request.inputs[spec.name]
+    expected = input_datatype(model)
+    if x.dtype != np.dtype(spec.dtype):
+        raise BadRequest(f"input {spec.name!r} is {datatype_of(x.dtype)}; the model takes {expected}")
+    shape = dims(spec.shape)
+    if x.ndim != len(shape):
+        raise BadRequest(f"input {spec.name!r} has shape {list(x.shape)}; the model takes {shape} (-1: any size)")
+    if not 1 <= x.shape[0] <= max_rows:
+        raise BadRequest(f"input {spec.name!r}: the batch size must be between 1 and {max_rows}, got {x.shape[0]}")
+    for axis, (got, want) in enumerate(zip(x.shape[1:], shape[1:], strict=True), start=1):
+        if (want != -1 and got != want) or got < 1:
+            raise BadRequest(
+                f"input {spec.name!r} has shape {list(x.shape)}; the model takes {shape} (-1: any size >= 1), "
+                f"axis {axis} differs"
+            )
+    return x  # NaN and infinities are accepted, as Triton accepts them (see the module docstring)
+
+
+def _classify(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
+    """The classification extension: each row's ``count`` highest values as "value:index[:label]".
+
+    Args:
+        values: (B, N) scores as the graph outputs them (raw, as Triton does: no softmax).
+        count: how many per row; clamped to N.
+        labels: index -> name, used when it has N entries.
+
+    Returns:
+        object array (B, min(count, N)) of bytes, highest first, ties by lower index.
+    """
+    k = min(count, values.shape[1])
+    named = len(labels) == values.shape[1]
+    rows = []
+    for row in values:
+        order = np.argsort(-row, kind="stable")[:k]
+        rows.append([f"{row[i]:f}:{i}{':' + labels[i] if named else ''}".encode() for i in order])
+    out = np.empty((values.shape[0], k), dtype=object)
+    out[:] = rows
+    return out
+
+
+def _requested(model: ModelVersion, request: InferRequest) -> list[RequestedOutput]:
+    if request.outputs is None:
+        return [RequestedOutput(name, request.binary_output) for name in model.manifest.outputs]
+    for output in request.outputs:
+        if output.name not in model.manifest.outputs:
+            raise BadRequest(f"model {model.name!r} has no output {output.name!r}; it has {model.manifest.outputs}")
+    return request.outputs
+
+
+async def infer_tensors(
+    model: ModelVersion, request: InferRequest, *, max_rows: int, deadline: float | None = None
+) -> TensorOutcome:
+    """Run a parsed inference request on ``model``.
+
+    Args:
+        model: the model version.
+        request: the parsed request; its one input must be the manifest's input tensor
+            (B, C, H, W) of the manifest's dtype, H and W as fixed by the manifest or any size.
+        max_rows: the largest batch size B accepted in one request.
+        deadline: when the request expires, on the batcher's clock (``model.batcher.deadline()``);
+            None: the batcher's ``request_timeout`` from now.
+
+    Returns:
+        The requested outputs, each stacked to (B, ...) in row order.
+
+    Raises:
+        BadRequest: wrong input name, datatype or shape, unknown output, a classification
+            asked of an output that is not (B, N) (400).
+        Unavailable: the batcher's queue has no room for all B rows (503, nothing is queued).
+        Unavailable, DeadlineExceeded, InferenceFailed: from the batcher, for the first row
+            that failed (the request fails whole, as the protocol has no partial results).
+    """
+    x = _checked_input(model, request, max_rows)
+    requested = _requested(model, request)
+    # Admitted whole or not at all, as /v1 requests are; an oversized batch stays a 503 here, as it was.
+    model.batcher.admit(x.shape[0], "row(s)", oversize_is_400=False)
+    for output in requested:
+        if output.classification and not tasks.serves(model.manifest, classification.TASK):
+            raise BadRequest(
+                f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
+            )
+    rows = await asyncio.gather(
+        *(model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])),
+        return_exceptions=True,
+    )
+    failures = [r for r in rows if isinstance(r, BaseException)]
+    if failures:
+        problems = [f for f in failures if isinstance(f, ProblemError)]
+        raise (problems or failures)[0]
+    results: list[InferenceResult] = rows  # type: ignore[assignment]
+    tensors = []
+    for output in requested:
+        stacked = np.stack([r.outputs[output.name] for r in results])  # (B, ...)
+        if output.classification:
+            if stacked.ndim != 2:
+                raise BadRequest(f"output {output.name!r} has shape {list(stacked.shape)}; classification needs (B, N)")
+            stacked = _classify(stacked, output.classification, model.manifest.labels)
+        tensors.append(OutputTensor(output.name, stacked, output.binary))
+    return TensorOutcome(tensors, max(r.queue_seconds for r in results), max(r.compute_seconds for r in results))
