@@ -3,79 +3,24 @@
 from __future__ import annotations
 
 import asyncio
-import json
 
 import pytest
 
 from tests.conftest import ROOT, running_app
-from tests.service.test_api import sample
+from tests.service.helpers import HeldRequest, sample, until
 
 pytestmark = pytest.mark.anyio
+
+
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
 CLASSIFY = "/v1/models/vit-digits/classify"
-
-
-class HeldRequest:
-    """A raw ASGI POST of one PNG whose body is sent only when ``release()`` is called."""
-
-    def __init__(self, app, path: str = CLASSIFY) -> None:
-        self.release_body = asyncio.Event()
-        self.messages: list[dict] = []
-        self.body_reads = 0
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"image/png"), (b"content-length", str(len(DIGIT_7)).encode())],
-            "client": ("127.0.0.1", 1),
-            "server": ("test", 80),
-        }
-        self.task = asyncio.create_task(app(scope, self._receive, self._send))
-
-    async def _receive(self) -> dict:
-        self.body_reads += 1
-        if self.body_reads > 1:
-            await asyncio.Event().wait()  # after the body: wait for a disconnect that never comes
-        await self.release_body.wait()
-        return {"type": "http.request", "body": DIGIT_7, "more_body": False}
-
-    async def _send(self, message: dict) -> None:
-        self.messages.append(message)
-
-    def release(self) -> None:
-        self.release_body.set()
-
-    @property
-    def status(self) -> int:
-        return next(m["status"] for m in self.messages if m["type"] == "http.response.start")
-
-    @property
-    def headers(self) -> dict[str, str]:
-        start = next(m for m in self.messages if m["type"] == "http.response.start")
-        return {k.decode(): v.decode() for k, v in start["headers"]}
-
-    @property
-    def body(self) -> dict:
-        return json.loads(b"".join(m.get("body", b"") for m in self.messages if m["type"] == "http.response.body"))
 
 
 def delta(before: str, after: str, **labels: str) -> float:
     """How much ``patchserve_requests_total{labels}`` grew between two scrapes."""
     return sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels)
-
-
-async def until(condition, timeout: float = 5.0) -> None:
-    for _ in range(int(timeout / 0.01)):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not met in time")
 
 
 async def test_requests_over_the_cap_get_503_with_retry_after_before_their_body_is_read() -> None:

@@ -13,20 +13,15 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT, png_bytes, running_app
+from tests.service.helpers import assert_problem, sample
 
 pytestmark = pytest.mark.anyio
+
+
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
 CLASSIFY = "/v1/models/vit-digits/classify"
-
-
-def assert_problem(response, status: int, detail_part: str = "") -> dict:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"] == "application/problem+json"
-    problem = response.json()
-    assert problem["status"] == status and problem["title"] and problem["type"].startswith("urn:patchserve:problem:")
-    assert problem["instance"] == response.headers["x-request-id"]
-    assert detail_part in problem["detail"]
-    return problem
 
 
 async def test_classify_example_digit() -> None:
@@ -137,17 +132,6 @@ def test_importing_and_building_the_app_never_imports_torch() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
-
-
-def sample(text: str, name: str, **labels: str) -> float:
-    """The value of one series in Prometheus text format (0 if absent)."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return s.value
-    return 0.0
 
 
 async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_label() -> None:

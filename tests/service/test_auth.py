@@ -9,8 +9,7 @@ import pytest
 from service.core.settings import load_settings
 from service.http.middleware import auth
 from tests.conftest import ROOT, running_app
-from tests.service.test_api import assert_problem
-from tests.service.test_uploads import Chunks
+from tests.service.helpers import Chunks, assert_problem
 
 pytestmark = pytest.mark.anyio
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()

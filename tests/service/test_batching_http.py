@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import threading
 
 import httpx
 import numpy as np
@@ -18,65 +17,20 @@ import pytest
 import uvicorn
 
 from service.http.app import create_app
-from service.runtime.sessions import OrtRunner
 from tests.conftest import MODEL_REPOSITORY, free_port, make_settings, png_bytes, running_app
-from tests.service.test_api import assert_problem, sample
+from tests.service.helpers import assert_problem, sample
+from tests.service.recorded_runner import HANG_GUARD, RecordedRunner, batcher_of, one_of_each, until
 
 pytestmark = pytest.mark.anyio
+
+
 CLASSIFY = "/v1/models/vit-digits/classify"
-HANG_GUARD = 30.0  # seconds; only so that a broken server fails a test instead of hanging it
-
-
-class RecordedRunner:
-    """Patches ``OrtRunner.run``: records each call's batch size; waits while ``gate`` is cleared."""
-
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.calls: list[int] = []
-        self.gate = threading.Event()
-        self.gate.set()
-        self.fail_with: BaseException | None = None
-        original = OrtRunner.run
-
-        def run(runner: OrtRunner, batch: np.ndarray) -> dict[str, np.ndarray]:
-            self.calls.append(batch.shape[0])
-            self.gate.wait(HANG_GUARD)
-            if self.fail_with is not None:
-                raise self.fail_with
-            return original(runner, batch)
-
-        monkeypatch.setattr(OrtRunner, "run", run)
-
-    async def plug(self, client: httpx.AsyncClient, png: bytes) -> asyncio.Future:
-        """Post ``png`` and hold its run at the gate: the runner stays busy until ``gate.set()``."""
-        self.gate.clear()
-        before = len(self.calls)
-        plug = asyncio.ensure_future(client.post(CLASSIFY, content=png, headers={"content-type": "image/png"}))
-        await until(lambda: len(self.calls) == before + 1)
-        return plug
 
 
 def grew(before: str, after: str, name: str, **labels: str) -> float:
     """How much a series grew between two /metrics texts."""
     labels = {"model": "vit-digits", "version": "1", **labels}
     return sample(after, name, **labels) - sample(before, name, **labels)
-
-
-async def until(condition) -> None:
-    """Wait for something another thread or task does (a hang guard, not a timing assertion)."""
-    for _ in range(int(HANG_GUARD / 0.005)):
-        if condition():
-            return
-        await asyncio.sleep(0.005)
-    raise AssertionError("condition never became true")
-
-
-def one_of_each(split, digits: range) -> list[bytes]:
-    """The first test image of each digit in ``digits``, as PNG files."""
-    return [png_bytes(split.images[int(np.flatnonzero(split.labels == d)[0])]) for d in digits]
-
-
-def batcher_of(client: httpx.AsyncClient):
-    return client.app.state.server.repository.get("vit-digits").batcher
 
 
 async def classify(client: httpx.AsyncClient, png: bytes, headers: dict | None = None, **kwargs) -> httpx.Response:

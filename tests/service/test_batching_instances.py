@@ -15,7 +15,7 @@ import pytest
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
 from service.core.errors import InferenceFailed, Unavailable
-from tests.service.test_batching import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
+from tests.service.batching_fakes import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from tests.conftest import ROOT, png_bytes, running_app
-from tests.service.test_api import assert_problem
+from tests.service.helpers import assert_problem
 
 pytestmark = pytest.mark.anyio
 CAT = (ROOT / "examples" / "chelsea.png").read_bytes()  # 451x300, CC0 (scikit-image's "chelsea")

@@ -11,8 +11,7 @@ from PIL import Image
 from service.runtime.manifest import load_manifest
 from service.tasks.detection import font_size
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
-from tests.service.test_api import assert_problem
-from tests.service.test_render import allowed_region, drawn_mask
+from tests.service.helpers import allowed_region, assert_problem, drawn_mask
 
 pytestmark = pytest.mark.anyio
 CANVAS = (ROOT / "examples" / "canvas.png").read_bytes()

@@ -7,8 +7,8 @@ import asyncio
 import pytest
 
 from tests.conftest import running_app
-from tests.service.test_api import assert_problem, sample
-from tests.service.test_batching_http import CLASSIFY, RecordedRunner, batcher_of, one_of_each, until
+from tests.service.helpers import assert_problem, sample
+from tests.service.recorded_runner import CLASSIFY, RecordedRunner, batcher_of, one_of_each, until
 
 pytestmark = pytest.mark.anyio
 

@@ -3,16 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 
 import pytest
 
 from service.core.settings import load_settings, unknown_variables
 from service.runtime.manifest import ManifestError, load_manifest
-from tests.conftest import MODEL_REPOSITORY, ROOT
+from tests.conftest import MODEL_REPOSITORY
+from tests.service.helpers import run_server
 
 COMMITTED = MODEL_REPOSITORY / "vit-digits" / "1" / "model.json"
 
@@ -50,17 +48,6 @@ def test_invalid_manifest_names_file_and_field(tmp_path, edit, field: str) -> No
     with pytest.raises(ManifestError) as caught:
         load_manifest(path)
     assert str(path) in str(caught.value) and field in str(caught.value)
-
-
-def run_server(env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "service"],
-        cwd=ROOT,
-        env={**os.environ, "PATCHSERVE_PORT": "0", **env},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def test_server_with_a_bad_manifest_does_not_start(tmp_path) -> None:

@@ -24,8 +24,8 @@ from service.runtime.version_policy import (
     parse_config,
 )
 from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
+from tests.service.helpers import sample
 from tests.service.model_versions import Reference, publish
-from tests.service.test_api import sample
 
 pytestmark = pytest.mark.anyio
 DIGIT_7 = ROOT / "examples" / "digit-7.png"

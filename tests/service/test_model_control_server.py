@@ -24,8 +24,8 @@ import tritonclient.http as triton
 from PIL import Image
 
 from tests.conftest import MODEL_REPOSITORY, ROOT, server_process
+from tests.service.helpers import sample
 from tests.service.model_versions import Reference, publish
-from tests.service.test_api import sample
 
 pytestmark = pytest.mark.slow
 CLIENTS = 8

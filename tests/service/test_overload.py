@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from tests.conftest import ROOT, server_process
-from tests.service.test_api import sample
+from tests.service.helpers import sample
 
 pytestmark = pytest.mark.slow
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()

@@ -9,29 +9,12 @@ from PIL import Image
 
 from service.imaging.render import png_bytes
 from service.tasks.detection import PALETTE, draw_detections, font_size, line_width
+from tests.service.helpers import allowed_region, drawn_mask
 
 
 def _detection(class_id: int, score: float, xmin: float, ymin: float, xmax: float, ymax: float) -> dict:
     box = {"xmin": xmin, "ymin": ymin, "xmax": xmax, "ymax": ymax}
     return {"label": str(class_id), "class_id": class_id, "score": score, "box": box}
-
-
-def drawn_mask(before: Image.Image, after: Image.Image) -> np.ndarray:
-    """bool (H, W): the pixels drawing changed."""
-    a = np.asarray(before.convert("RGB"), dtype=np.int16)
-    b = np.asarray(after.convert("RGB"), dtype=np.int16)
-    return np.any(a != b, axis=2)
-
-
-def allowed_region(detections: list[dict], size: tuple[int, int], margin: int) -> np.ndarray:
-    """bool (H, W): each box grown by ``margin`` px (outline width and the label tag above it)."""
-    width, height = size
-    region = np.zeros((height, width), dtype=bool)
-    for det in detections:
-        b = det["box"]
-        x0, y0 = max(0, int(b["xmin"]) - margin), max(0, int(b["ymin"]) - margin)
-        region[y0 : int(b["ymax"]) + margin, x0 : int(b["xmax"]) + margin] = True
-    return region
 
 
 def test_drawing_stays_on_the_boxes_and_outlines_them() -> None:

@@ -12,7 +12,7 @@ from service import tasks
 from service.tasks import BaseTask
 from service.tasks.base import result_schema
 from tests.conftest import ROOT, running_app
-from tests.service.test_api import assert_problem, sample
+from tests.service.helpers import assert_problem, sample
 
 pytestmark = pytest.mark.anyio
 
@@ -99,7 +99,7 @@ def test_a_manifest_names_its_output_roles_and_the_list_form_still_loads() -> No
 
 async def test_a_failed_v2_inference_is_counted_as_an_error(monkeypatch) -> None:
     from service.http.routes import v2
-    from tests.service.test_v2 import INFER, digit_tensor, json_request
+    from tests.service.helpers import INFER, digit_tensor, json_request
 
     def broken(*args, **kwargs):
         raise RuntimeError("simulated bug")

@@ -8,26 +8,15 @@ import socket
 import pytest
 
 from tests.conftest import ROOT, running_app
-from tests.service.test_api import assert_problem
+from tests.service.helpers import CHUNK, Chunks, assert_problem
 
 pytestmark = pytest.mark.anyio
+
+
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
 CLASSIFY = "/v1/models/vit-digits/classify"
-CHUNK = 64 * 1024
-
-
-class Chunks:
-    """An async body of ``count`` chunks that records how many the server pulled."""
-
-    def __init__(self, count: int, prefix: bytes = b"") -> None:
-        self.count, self.prefix, self.pulled = count, prefix, 0
-
-    async def __aiter__(self):
-        if self.prefix:
-            yield self.prefix
-        for _ in range(self.count):
-            self.pulled += 1
-            yield b"\0" * CHUNK
 
 
 @pytest.mark.parametrize("content_type", ["image/png", "application/json", "multipart/form-data; boundary=xyz"])

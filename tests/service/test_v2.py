@@ -11,29 +11,18 @@ import numpy as np
 import orjson
 import pytest
 
-from service.imaging.images import decode_image
-from service.imaging.preprocess import Preprocessor
 from service.runtime.manifest import load_manifest
 from service.tasks.classification import classify
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
+from tests.service.helpers import INFER, digit_tensor, json_request
 
 pytestmark = pytest.mark.anyio
+
+
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
-INFER = "/v2/models/vit-digits/infer"
+
+
 MANIFEST = load_manifest(MODEL_REPOSITORY / "vit-digits" / "1" / "model.json")
-
-
-def digit_tensor(*pngs: bytes) -> np.ndarray:
-    """The server's own decoding and preprocessing of ``pngs``: float32 (B, 1, 8, 8)."""
-    preprocess = Preprocessor(MANIFEST.preprocessing)
-    return np.stack([preprocess(decode_image(p, color_mode="L", max_pixels=10**6).image) for p in pngs])
-
-
-def json_request(x: np.ndarray, **extra: object) -> dict:
-    return {
-        "inputs": [{"name": "pixel_values", "shape": list(x.shape), "datatype": "FP32", "data": x.tolist()}],
-        **extra,
-    }
 
 
 def binary_request(x: np.ndarray, document: dict | None = None) -> tuple[bytes, dict[str, str]]:
@@ -292,7 +281,7 @@ async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
 
 
 async def test_probes_pass_a_full_worker_and_a_late_body_is_a_protocol_408() -> None:
-    from tests.service.test_admission import HeldRequest, until
+    from tests.service.helpers import HeldRequest, until
 
     async with running_app(max_in_flight=1, body_timeout=1.0) as client:
         held = HeldRequest(client.app, INFER)  # its body never comes: it holds the only slot until its 408
@@ -338,7 +327,7 @@ async def test_a_huge_version_is_a_404_and_never_reaches_int() -> None:
 
 
 async def test_a_huge_version_is_a_503_when_admission_refuses_it() -> None:
-    from tests.service.test_admission import HeldRequest, until
+    from tests.service.helpers import HeldRequest, until
 
     huge = "1" * 5000
     async with running_app(max_in_flight=1, body_timeout=5.0) as client:
