@@ -68,20 +68,6 @@ def test_cuda_options_go_with_the_cuda_provider_only() -> None:
     assert providers_with_options([CPU], cuda) == [CPU]
 
 
-def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    from service.process import serve
-    from tests.conftest import make_settings
-
-    config = serve.uvicorn_config(make_settings(backlog=4096, send_timeout=7.5))
-    protocol = "service.process.connections:SendTimeoutProtocol"
-    assert (config.loop, config.http, config.backlog) == ("uvloop", protocol, 4096)
-    config.load()
-    assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
-    assert serve.uvicorn_config(make_settings()).backlog == 2048
-
-
 @pytest.mark.anyio
 async def test_several_instances_serve_one_model_and_are_reported(digits_test_split) -> None:
     async with running_app(instances=2, io_binding=True, intra_op_threads=1, max_batch_size=4) as client:

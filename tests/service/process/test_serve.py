@@ -96,3 +96,17 @@ def test_readiness_turns_503_when_the_process_is_asked_to_stop() -> None:
     finally:
         lifecycle.clear_shutdown()
         state.decode_pool.shutdown()
+
+
+def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from service.process import serve
+    from tests.conftest import make_settings
+
+    config = serve.uvicorn_config(make_settings(backlog=4096, send_timeout=7.5))
+    protocol = "service.process.connections:SendTimeoutProtocol"
+    assert (config.loop, config.http, config.backlog) == ("uvloop", protocol, 4096)
+    config.load()
+    assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
+    assert serve.uvicorn_config(make_settings()).backlog == 2048
