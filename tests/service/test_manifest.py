@@ -6,8 +6,9 @@ import json
 import shutil
 
 import pytest
+from pydantic import ValidationError
 
-from service.runtime.manifest import ManifestError, load_manifest
+from service.runtime.manifest import AttentionSpec, Manifest, ManifestError, load_manifest
 from tests.conftest import MODEL_REPOSITORY
 from tests.service.helpers import run_server
 
@@ -54,3 +55,23 @@ def test_server_with_a_bad_manifest_does_not_start(tmp_path) -> None:
     result = run_server({"PATCHSERVE_MODEL_REPOSITORY": str(repo)})
     assert result.returncode == 2
     assert str(path) in result.stderr and "preprocessing.std" in result.stderr
+
+
+def test_the_manifest_field_defaults_to_one_class_token_and_needs_exactly_one() -> None:
+    spec = AttentionSpec.model_validate({"output": "attentions", "grid": {"height": 2, "width": 2}})
+    assert spec.prefix_tokens == ["class"]
+    distilled = AttentionSpec(output="a", grid={"height": 2, "width": 2}, prefix_tokens=["class", "distillation"])
+    assert distilled.prefix_tokens == ["class", "distillation"]
+    for bad in (["register"], ["class", "class"], [], ["class", "cls"]):
+        with pytest.raises(ValidationError):
+            AttentionSpec(output="a", grid={"height": 2, "width": 2}, prefix_tokens=bad)
+
+
+def test_attention_field_is_optional_and_checked() -> None:
+    data = json.loads((MODEL_REPOSITORY / "vit-digits" / "1" / "model.json").read_text())
+    assert Manifest.model_validate(data).attention is None  # manifests written before it still load
+    data["attention"] = {"output": "attentions", "grid": {"height": 4, "width": 4}}
+    with pytest.raises(ValueError, match="not one of outputs"):
+        Manifest.model_validate(data)
+    data["outputs"] = [*data["outputs"], "attentions"]
+    assert Manifest.model_validate(data).attention.grid.width == 4

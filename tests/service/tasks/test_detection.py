@@ -8,8 +8,6 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.imaging.preprocess import Preprocessor
-from service.imaging.spec import Preprocessing
 from service.tasks.detection import PALETTE, detect, draw_detections, font_size, line_width
 from tests.service.helpers import allowed_region, drawn_mask
 
@@ -84,44 +82,6 @@ def test_wrong_shapes_are_an_internal_error() -> None:
             box_scale=(1, 1),
             image_size=(1, 1),
         )
-
-
-def _letterbox(width: int = 128, height: int = 128, pad_value: int = 0) -> Preprocessor:
-    spec = {"color_mode": "L", "resize": "letterbox", "size": {"height": height, "width": width}, "mean": [0.0]}
-    return Preprocessor(Preprocessing.model_validate({**spec, "std": [1.0], "pad_value": pad_value}))
-
-
-def test_letterbox_keeps_the_aspect_ratio_and_pads_bottom_right() -> None:
-    preprocess = _letterbox(pad_value=10)
-    image = Image.fromarray(np.full((50, 100), 255, dtype=np.uint8))  # 100 wide, 50 high
-    assert preprocess.content_size(100, 50) == (128, 64)
-    x = preprocess(image)
-    assert x.shape == (1, 128, 128) and x.dtype == np.float32
-    assert np.allclose(x[0, :64, :], 1.0) and np.allclose(x[0, 64:, :], 10 / 255)
-    tall = preprocess(Image.fromarray(np.full((128, 64), 255, dtype=np.uint8)))  # fits as is: no resize
-    assert np.allclose(tall[0, :, :64], 1.0) and np.allclose(tall[0, :, 64:], 10 / 255)
-
-
-def test_box_scale_inverts_the_letterbox() -> None:
-    preprocess = _letterbox()
-    # 100 x 50 -> content 128 x 64: the padded frame is 128 / 128 * 100 = 100 px wide and
-    # 128 / 64 * 50 = 100 px high in displayed pixels.
-    assert preprocess.box_scale((100, 50), (100, 50)) == pytest.approx((100.0, 100.0))
-    # The same image decoded at half size (JPEG draft) but displayed at 200 x 100.
-    assert preprocess.box_scale((100, 50), (200, 100)) == pytest.approx((200.0, 200.0))
-    # Rounding: 100 x 80 -> content 128 x 102 (102.4 rounded); y maps 102 input rows to 80 px.
-    assert preprocess.content_size(100, 80) == (128, 102)
-    assert preprocess.box_scale((100, 80), (100, 80)) == pytest.approx((100.0, 128 / 102 * 80))
-
-
-def test_stretch_box_scale_is_the_displayed_size() -> None:
-    spec = Preprocessing.model_validate(
-        {"color_mode": "L", "size": {"height": 8, "width": 8}, "mean": [0.0], "std": [1.0]}
-    )
-    preprocess = Preprocessor(spec)
-    assert spec.resize == "stretch" and spec.pad_value == 0  # the defaults: older manifests load unchanged
-    assert preprocess.content_size(30, 20) == (8, 8)
-    assert preprocess.box_scale((30, 20), (60, 40)) == (60.0, 40.0)
 
 
 def _detection(class_id: int, score: float, xmin: float, ymin: float, xmax: float, ymax: float) -> dict:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.core.errors import InvalidImage, PayloadTooLarge
+from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
 from service.imaging.formats import HEIF_AVAILABLE
 from service.imaging.images import decode_image
-from tests.conftest import ROOT
+from tests.conftest import ROOT, png_bytes
 from tests.service.image_fixtures import (
     DISPLAY,
     GENERATED,
@@ -27,6 +27,8 @@ from tests.service.image_fixtures import (
 )
 
 IMAGES = ROOT / "tests" / "images"
+
+
 LIMIT = 40_000_000
 
 
@@ -229,3 +231,81 @@ def test_formats_outside_the_list_never_reach_their_plugin(monkeypatch: pytest.M
         decode_image(GENERATED["figure.eps"]().data, color_mode="L", max_pixels=LIMIT)
     with pytest.raises(InvalidImage, match="not an image in a format this server decodes"):
         decode_image(b"P5\n8 8\n255\n" + bytes(64), color_mode="L", max_pixels=LIMIT)
+
+
+def test_decode_applies_exif_orientation_and_reports_displayed_size() -> None:
+    pixels = np.zeros((20, 40), dtype=np.uint8)  # stored 40 wide, 20 high
+    pixels[:, :10] = 255  # white stripe on the stored left
+    image = Image.fromarray(pixels)
+    exif = image.getexif()
+    exif[0x0112] = 6  # rotate 90 degrees clockwise to display
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG", exif=exif)
+    decoded = decode_image(buffer.getvalue(), color_mode="L", max_pixels=10_000)
+    assert (decoded.width, decoded.height) == (20, 40)
+    shown = np.asarray(decoded.image)
+    assert shown.shape == (40, 20)
+    assert shown[:10].mean() == 255 and shown[10:].mean() == 0  # the stripe is now on top
+
+
+def test_decode_converts_rgb_to_grayscale_and_back() -> None:
+    rgb = np.full((4, 4, 3), (255, 0, 0), dtype=np.uint8)
+    decoded = decode_image(png_bytes(rgb), color_mode="L", max_pixels=100)
+    assert decoded.image.mode == "L" and np.asarray(decoded.image)[0, 0] == 76  # ITU-R 601-2 luma of pure red
+    gray = np.full((4, 4), 200, dtype=np.uint8)
+    assert np.asarray(decode_image(png_bytes(gray), color_mode="RGB", max_pixels=100).image)[0, 0].tolist() == [200] * 3
+
+
+@pytest.mark.parametrize(
+    ("data", "error", "match"),
+    [
+        (b"", BadRequest, "empty"),
+        (b"definitely not an image", InvalidImage, "not an image"),
+        (png_bytes(np.zeros((64, 64), np.uint8))[:60], InvalidImage, "the PNG image is truncated"),
+        (png_bytes(np.zeros((101, 100), np.uint8)), PayloadTooLarge, "10100 pixels"),
+    ],
+)
+def test_decode_errors(data: bytes, error: type, match: str) -> None:
+    with pytest.raises(error, match=match):
+        decode_image(data, color_mode="L", max_pixels=10_000)
+
+
+def test_jpeg_draft_mode_decodes_a_large_photo_smaller() -> None:
+    buffer = io.BytesIO()
+    Image.fromarray(np.random.default_rng(0).integers(0, 255, (1600, 2400, 3), dtype=np.uint8)).save(buffer, "JPEG")
+    decoded = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**7, draft_size=(224, 224))
+    assert (decoded.width, decoded.height) == (2400, 1600)  # the full-resolution size is reported
+    # DCT-scaled by 1/4 while decoding: the smallest scale that keeps both sides >= 224 (1/8 gives 300x200).
+    assert decoded.image.size == (600, 400)
+
+
+def test_reading_a_png_header_decodes_no_pixel_and_its_late_exif_still_turns_it(monkeypatch) -> None:
+    """Issue 14: the request path opens each file once; its header count must not decode a PNG
+    (Pillow's getexif loads a PNG to find an eXIf chunk after the pixels)."""
+    import io
+    import struct
+    import zlib
+
+    from PIL import Image, ImageFile
+
+    from service.imaging.images import open_image
+
+    buffer = io.BytesIO()
+    Image.new("L", (30, 20), 200).save(buffer, "PNG")
+    plain = buffer.getvalue()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # turn 90 degrees clockwise to display: 30x20 stored is 20x30 displayed
+    payload = exif.tobytes()
+    chunk = struct.pack(">I", len(payload)) + b"eXIf" + payload
+    chunk += struct.pack(">I", zlib.crc32(b"eXIf" + payload))
+    late = plain[:-12] + chunk + plain[-12:]  # eXIf after IDAT, before IEND
+
+    loads = []
+    real_load = ImageFile.ImageFile.load
+    monkeypatch.setattr(ImageFile.ImageFile, "load", lambda self: loads.append(1) or real_load(self))
+    opened = open_image(late, color_mode="L", max_pixels=10_000)
+    assert loads == [] and opened.pixels == 600
+    decoded = opened.decode((0, 0, 0))
+    assert (decoded.width, decoded.height) == (20, 30) and decoded.image.size == (20, 30)
+    with pytest.raises(RuntimeError, match="decoded already"):
+        opened.decode((0, 0, 0))

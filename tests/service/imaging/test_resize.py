@@ -1,4 +1,5 @@
-"""Resize and crop geometry of every resize policy, for every image side 1...1100 (issue 15 A).
+"""The resize policies (service/imaging/resize.py): their registry, each policy by hand, and the geometry
+of every policy for every image side 1...1100 (issue 15 A).
 
 ``center_crop`` computed its region as ``32 / (32 / s)``, one ulp above ``s`` for 67 of the
 square sides 1...1100 (49, 98, 479, 788, 1003, ...): the box started below 0 and Pillow refused
@@ -9,6 +10,7 @@ preprocessor itself runs on the strips, the sides that failed and random sizes.
 
 from __future__ import annotations
 
+import ast
 import io
 import random
 
@@ -16,15 +18,26 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from service.core.errors import PayloadTooLarge
+from service.imaging import resize
 from service.imaging.preprocess import Preprocessor
-from service.runtime.manifest import Preprocessing, load_manifest
-from tests.conftest import MODEL_REPOSITORY, running_app
+from service.imaging.spec import Preprocessing
+from service.runtime.manifest import load_manifest
+from tests.conftest import MODEL_REPOSITORY, ROOT, running_app
 
 SIDES = range(1, 1101)
+
+
 # Square sides whose centre crop for a 32x32 input failed before the fix (a sample of the 67).
 FAILED_SIDES = (49, 98, 196, 392, 479, 784, 788, 1003)
+
+
 _RANDOM = random.Random(15)
+
+
 RANDOM_SIZES = [(_RANDOM.randint(1, 4000), _RANDOM.randint(1, 4000)) for _ in range(300)]
+
+
 SIZES = (
     [(s, s) for s in SIDES]
     + [(1, s) for s in SIDES]
@@ -130,7 +143,6 @@ def _png(width: int, height: int, mode: str = "RGB") -> bytes:
 
 
 def test_a_model_input_over_max_pixels_is_a_413_before_it_is_resized() -> None:
-    from service.core.errors import PayloadTooLarge
     from service.pipeline.inference import decode_and_preprocess
 
     uncapped = Preprocessor(POLICIES["shortest_edge-uncapped"])  # 1x4000 -> (H, W) = (896000, 224) input pixels
@@ -173,3 +185,156 @@ async def test_an_unexpected_preprocessing_error_fails_only_its_own_image(monkey
     assert failed["status"] == 500 and failed["type"].endswith("image-processing-failed")
     assert "fault of ours" in failed["detail"] and "ZeroDivisionError" in failed["detail"]
     assert alone.status_code == 500 and alone.json()["type"].endswith("image-processing-failed")
+
+
+def crop(width: int, height: int, interpolation: str = "box") -> Preprocessor:
+    spec = Preprocessing(
+        color_mode="L",
+        resize="center_crop",
+        size={"height": height, "width": width},
+        interpolation=interpolation,
+        scale=1.0,
+        mean=[0.0],
+        std=[1.0],
+    )
+    return Preprocessor(spec)
+
+
+def columns(width: int, height: int) -> Image.Image:
+    """An "L" image whose pixel value is twice its column index (pair means stay integers)."""
+    return Image.fromarray(np.tile(2 * np.arange(width, dtype=np.uint8), (height, 1)))
+
+
+def test_same_aspect_same_size_is_untouched() -> None:
+    image = Image.fromarray(np.arange(16, dtype=np.uint8).reshape(4, 4))
+    assert crop(4, 4)(image)[0].tolist() == np.arange(16).reshape(4, 4).tolist()
+
+
+def test_a_wide_image_keeps_its_centre_columns() -> None:
+    # 8x4 -> 4x4: the scale is 1 (the shorter side already fits); columns 2..5 remain.
+    out = crop(4, 4)(columns(8, 4))
+    assert out.shape == (1, 4, 4)
+    assert out[0].tolist() == [[4, 6, 8, 10]] * 4
+
+
+def test_a_larger_wide_image_is_scaled_then_cropped() -> None:
+    # 16x8 -> 4x4: scale 0.5, the input covers columns 4..11, each output pixel the mean of 2x2 (box).
+    out = crop(4, 4)(columns(16, 8))
+    assert out[0].tolist() == [[9, 13, 17, 21]] * 4
+
+
+def test_a_tall_image_keeps_its_centre_rows() -> None:
+    rows = Image.fromarray(np.tile(2 * np.arange(12, dtype=np.uint8)[:, None], (1, 6)))  # 6 wide, 12 tall
+    out = crop(3, 3)(rows)  # scale 0.5: rows 3..8 -> 3 rows, pairs averaged
+    assert out[0, :, 0].tolist() == [7, 11, 15]
+
+
+def test_input_region_by_hand() -> None:
+    assert crop(32, 32).input_region(451, 300) == pytest.approx((75.5, 0.0, 375.5, 300.0))
+    assert crop(32, 32).input_region(300, 451) == pytest.approx((0.0, 75.5, 300.0, 375.5))
+    assert crop(4, 2).input_region(10, 10) == pytest.approx((0.0, 2.5, 10.0, 7.5))  # a non-square input
+    stretch = Preprocessor(Preprocessing(color_mode="L", size={"height": 4, "width": 4}, mean=[0], std=[1]))
+    assert stretch.input_region(10, 7) == (0.0, 0.0, 10.0, 7.0)
+
+
+def test_the_built_in_policies_are_registered() -> None:
+    assert resize.names() == ["stretch", "letterbox", "shortest_edge", "center_crop"]
+    assert [p.name for p in (resize.STRETCH, resize.LETTERBOX, resize.SHORTEST_EDGE, resize.CENTER_CROP)] == (
+        resize.names()
+    )
+    assert [name for name in resize.names() if resize.get(name).crops] == ["center_crop"]
+
+
+def test_no_policy_name_is_spelled_in_service_outside_the_registry() -> None:
+    names = set(resize.names())
+    found = []
+    for path in (ROOT / "service").rglob("*.py"):
+        where = path.relative_to(ROOT).as_posix()
+        if where == "service/imaging/resize.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=where)):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{where}:{node.lineno}: {node.value!r}")
+    assert found == [], "ask service.imaging.resize (get(spec.resize)) instead:\n" + "\n".join(found)
+
+
+class _Mirror(resize.ResizePolicy):
+    """A toy policy: stretch, then mirror left to right (a new policy is one class and one register)."""
+
+    name = "mirror"
+
+    def resized(self, pre: Preprocessor, image: Image.Image, target: tuple[int, int]) -> Image.Image:
+        return super().resized(pre, image, target).transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+
+
+@pytest.fixture
+def mirror() -> resize.ResizePolicy:
+    policy = resize.register(_Mirror())
+    yield policy
+    resize.unregister(policy.name)
+
+
+def test_a_registered_policy_is_validated_and_served(mirror: resize.ResizePolicy) -> None:
+    spec = Preprocessing(color_mode="L", resize="mirror", size={"height": 2, "width": 3}, mean=[0], std=[1], scale=1)
+    pre = Preprocessor(spec)
+    image = Image.fromarray(np.array([[1, 2, 3], [4, 5, 6]], np.uint8))
+    assert pre(image)[0].tolist() == [[3, 2, 1], [6, 5, 4]]
+    with pytest.raises(ValueError, match="the mirror policy needs size"):
+        Preprocessing(color_mode="L", resize="mirror", mean=[0], std=[1])
+
+
+def test_an_unknown_policy_is_refused_naming_the_registered_ones() -> None:
+    with pytest.raises(ValueError, match="unknown resize policy 'squash'; registered: stretch, letterbox"):
+        Preprocessing(color_mode="L", resize="squash", size={"height": 2, "width": 2}, mean=[0], std=[1])
+
+
+def _letterbox(width: int = 128, height: int = 128, pad_value: int = 0) -> Preprocessor:
+    spec = {"color_mode": "L", "resize": "letterbox", "size": {"height": height, "width": width}, "mean": [0.0]}
+    return Preprocessor(Preprocessing.model_validate({**spec, "std": [1.0], "pad_value": pad_value}))
+
+
+def test_letterbox_keeps_the_aspect_ratio_and_pads_bottom_right() -> None:
+    preprocess = _letterbox(pad_value=10)
+    image = Image.fromarray(np.full((50, 100), 255, dtype=np.uint8))  # 100 wide, 50 high
+    assert preprocess.content_size(100, 50) == (128, 64)
+    x = preprocess(image)
+    assert x.shape == (1, 128, 128) and x.dtype == np.float32
+    assert np.allclose(x[0, :64, :], 1.0) and np.allclose(x[0, 64:, :], 10 / 255)
+    tall = preprocess(Image.fromarray(np.full((128, 64), 255, dtype=np.uint8)))  # fits as is: no resize
+    assert np.allclose(tall[0, :, :64], 1.0) and np.allclose(tall[0, :, 64:], 10 / 255)
+
+
+def test_box_scale_inverts_the_letterbox() -> None:
+    preprocess = _letterbox()
+    # 100 x 50 -> content 128 x 64: the padded frame is 128 / 128 * 100 = 100 px wide and
+    # 128 / 64 * 50 = 100 px high in displayed pixels.
+    assert preprocess.box_scale((100, 50), (100, 50)) == pytest.approx((100.0, 100.0))
+    # The same image decoded at half size (JPEG draft) but displayed at 200 x 100.
+    assert preprocess.box_scale((100, 50), (200, 100)) == pytest.approx((200.0, 200.0))
+    # Rounding: 100 x 80 -> content 128 x 102 (102.4 rounded); y maps 102 input rows to 80 px.
+    assert preprocess.content_size(100, 80) == (128, 102)
+    assert preprocess.box_scale((100, 80), (100, 80)) == pytest.approx((100.0, 128 / 102 * 80))
+
+
+def test_stretch_box_scale_is_the_displayed_size() -> None:
+    spec = Preprocessing.model_validate(
+        {"color_mode": "L", "size": {"height": 8, "width": 8}, "mean": [0.0], "std": [1.0]}
+    )
+    preprocess = Preprocessor(spec)
+    assert spec.resize == "stretch" and spec.pad_value == 0  # the defaults: older manifests load unchanged
+    assert preprocess.content_size(30, 20) == (8, 8)
+    assert preprocess.box_scale((30, 20), (60, 40)) == (60.0, 40.0)
+
+
+def test_a_strip_one_pixel_wide_keeps_a_side_of_at_least_one_pixel_under_shortest_edge() -> None:
+    from PIL import Image
+
+    from service.imaging.preprocess import Preprocessor
+    from service.imaging.spec import Preprocessing
+
+    spec = Preprocessing(
+        color_mode="RGB", resize="shortest_edge", shortest_edge=800, longest_edge=1333, mean=[0.5] * 3, std=[0.5] * 3
+    )
+    preprocessor = Preprocessor(spec)
+    assert preprocessor.content_size(40000, 1) == (1333, 1)  # (width, height); the exact arithmetic gives 0
+    assert preprocessor(Image.new("RGB", (40000, 1))).shape == (3, 1, 1333)
