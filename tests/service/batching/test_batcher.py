@@ -1,22 +1,21 @@
-"""The dynamic batcher on its own: release rules, deadlines, the bounded queue, cancellation, isolation.
+"""The dynamic batcher on its own: release rules, deadlines, cancellation, isolation.
 
 A manual clock drives time and a fake model records every batch it is given, so no test here
 depends on how fast the machine is: time moves only when a test advances it. The real ONNX
-graph behind the HTTP API is in test_batching_http.py.
+graph behind the HTTP API is in tests/service/pipeline/test_batching_http.py; the bounded queue's
+refusals in test_queue.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 
-import numpy as np
 import pytest
 
-from service.batching.arrays import BatchOutputMismatch, split_outputs, stack_inputs
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
 from service.core.errors import DeadlineExceeded, InferenceFailed, Unavailable
-from tests.service.batching_fakes import (
+from tests.service.batching.fakes import (
     FakeModel,
     ManualClock,
     _names,
@@ -132,59 +131,6 @@ async def test_the_deadline_a_request_asks_for_may_only_shorten_request_timeout(
         assert batcher.deadline(60.0) == 2.0
 
 
-async def test_a_full_queue_is_refused_at_once_with_503_and_retry_after() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, queue_size=2) as batcher:
-        async with busy_runner(batcher, model) as plug:
-            queued = [asyncio.ensure_future(batcher.submit(item(i))) for i in (1, 2)]
-            await settle()
-            with pytest.raises(Unavailable) as caught:
-                await batcher.submit(item(3))
-            assert batcher.queued == 2
-            clock.advance(0.5)
-        results = await result(asyncio.gather(plug, *queued))
-        assert ids(results) == [99, 1, 2]
-        assert ids([await result(batcher.submit(item(4)))]) == [4]  # room again once the queue drained
-    assert caught.value.status == 503 and caught.value.headers == {"Retry-After": "1"}
-    assert "queue is full (2 waiting)" in caught.value.detail
-    assert model.batches == [[99], [1, 2], [4]]
-
-
-async def test_a_cancelled_request_never_reaches_the_runner_and_frees_its_place_at_once() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, queue_size=2) as batcher:
-        async with busy_runner(batcher, model) as plug:
-            gone = asyncio.ensure_future(batcher.submit(item(1)))
-            stays = asyncio.ensure_future(batcher.submit(item(2)))
-            await settle()
-            gone.cancel()  # what the route does when the client disconnects
-            await settle()
-            assert batcher.queued == 1 and queue_depth(batcher) == 1
-            newcomer = asyncio.ensure_future(batcher.submit(item(3)))  # fits in the place given back
-            await settle()
-            clock.advance(0.5)
-        results = await result(asyncio.gather(plug, stays, newcomer))
-        assert batcher.queued == 0 and queue_depth(batcher) == 0
-    assert gone.cancelled()
-    assert ids(results) == [99, 2, 3]
-    assert model.batches == [[99], [2, 3]]
-
-
-def test_stack_then_split_gives_each_input_its_own_row() -> None:
-    inputs = [item(i, (3, 4, 5)) for i in range(3)]
-    batch = stack_inputs(inputs)
-    assert batch.shape == (3, 3, 4, 5) and batch.dtype == np.float32
-    rows = split_outputs({"logits": np.arange(6).reshape(3, 2), "boxes": np.zeros((3, 4, 4))}, 3)
-    assert [row["logits"].tolist() for row in rows] == [[0, 1], [2, 3], [4, 5]]
-    assert rows[2]["boxes"].shape == (4, 4)
-    with pytest.raises(BatchOutputMismatch, match="'logits' has 2 rows for a batch of 3"):
-        split_outputs({"logits": np.zeros((2, 10))}, 3)
-    with pytest.raises(BatchOutputMismatch, match="'score' has None rows"):
-        split_outputs({"score": np.float32(1.0)}, 1)
-    with pytest.raises(BatchOutputMismatch, match="no outputs"):
-        split_outputs({}, 1)
-
-
 async def test_a_failing_batch_fails_only_its_own_requests_and_the_next_batch_is_served() -> None:
     model, clock = FakeModel(), ManualClock()
     model.fail_with = RuntimeError("CUDA error: out of memory")
@@ -260,11 +206,3 @@ async def test_stop_answers_the_running_batch_and_the_queue_with_503() -> None:
     assert isinstance(plug.exception(), Unavailable) and "shutting down" in plug.exception().detail
     assert isinstance(queued.exception(), Unavailable)
     assert model.batches == [[99]]
-
-
-def test_config_refuses_values_out_of_range_and_manifest_overrides_replace_only_what_they_name() -> None:
-    config = BatchingConfig(8, 0.002, 256, 30.0)
-    assert config.override(max_batch_size=2, max_queue_delay=None) == BatchingConfig(2, 0.002, 256, 30.0)
-    for bad in ({"max_batch_size": 0}, {"queue_size": 0}, {"max_queue_delay": -1.0}, {"request_timeout": 0.0}):
-        with pytest.raises(ValueError):
-            config.override(**bad)

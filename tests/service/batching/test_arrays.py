@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.batching.arrays import BatchBuffers, detach, stack_inputs
+from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
+
+pytestmark = pytest.mark.anyio
 
 
 def item(ident: int, shape: tuple[int, ...] = (3, 4, 5)) -> np.ndarray:
@@ -57,3 +59,18 @@ def test_detach_copies_only_outputs_that_alias_the_batch() -> None:
     assert detached["echo"] is not view and not np.shares_memory(detached["echo"], batch)
     batch[:] = -1  # the next batch overwrites the buffer
     assert detached["echo"].tolist() == [[0.0, 1.0], [12.0, 13.0]]
+
+
+def test_stack_then_split_gives_each_input_its_own_row() -> None:
+    inputs = [item(i, (3, 4, 5)) for i in range(3)]
+    batch = stack_inputs(inputs)
+    assert batch.shape == (3, 3, 4, 5) and batch.dtype == np.float32
+    rows = split_outputs({"logits": np.arange(6).reshape(3, 2), "boxes": np.zeros((3, 4, 4))}, 3)
+    assert [row["logits"].tolist() for row in rows] == [[0, 1], [2, 3], [4, 5]]
+    assert rows[2]["boxes"].shape == (4, 4)
+    with pytest.raises(BatchOutputMismatch, match="'logits' has 2 rows for a batch of 3"):
+        split_outputs({"logits": np.zeros((2, 10))}, 3)
+    with pytest.raises(BatchOutputMismatch, match="'score' has None rows"):
+        split_outputs({"score": np.float32(1.0)}, 1)
+    with pytest.raises(BatchOutputMismatch, match="no outputs"):
+        split_outputs({}, 1)

@@ -1,6 +1,6 @@
 """One batcher feeding several model instances (runners): N batches in flight, and what stays the same.
 
-Same manual clock and fake models as test_batching.py; each fake model is one instance.
+Same manual clock and fake models as test_batcher.py (fakes.py); each fake model is one instance.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
 from service.core.errors import InferenceFailed, Unavailable
-from tests.service.batching_fakes import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
+from tests.service.batching.fakes import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
 
 pytestmark = pytest.mark.anyio
 
