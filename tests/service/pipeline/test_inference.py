@@ -8,7 +8,7 @@ import pytest
 
 from tests.conftest import running_app
 from tests.service.helpers import assert_problem, sample
-from tests.service.recorded_runner import CLASSIFY, RecordedRunner, batcher_of, one_of_each, until
+from tests.service.pipeline.recorded_runner import CLASSIFY, RecordedRunner, batcher_of, one_of_each, until
 
 pytestmark = pytest.mark.anyio
 

@@ -19,7 +19,7 @@ import uvicorn
 from service.http.app import create_app
 from tests.conftest import MODEL_REPOSITORY, free_port, make_settings, png_bytes, running_app
 from tests.service.helpers import assert_problem, sample
-from tests.service.recorded_runner import HANG_GUARD, RecordedRunner, batcher_of, one_of_each, until
+from tests.service.pipeline.recorded_runner import HANG_GUARD, RecordedRunner, batcher_of, one_of_each, until
 
 pytestmark = pytest.mark.anyio
 
