@@ -14,6 +14,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = ROOT / "tests"
 SERVICE_TESTS = TESTS / "service"
+SERVER_TESTS = "server"  # whole servers over HTTP: they test no one sub-package
 
 
 def _python_files() -> list[Path]:
@@ -67,3 +68,24 @@ def test_the_check_sees_absolute_relative_and_from_package_imports() -> None:
     found = _imported_modules(path, source)
     assert ("tests.service.http.test_v2" in [module for _, module in found]) is True  # `from .` resolved
     assert {line for line, module in found if _imports_a_test_module(module)} == {1, 2}  # not line 3's helper
+
+
+def test_every_folder_of_tests_service_mirrors_a_sub_package_of_service() -> None:
+    folders = sorted(path for path in SERVICE_TESTS.rglob("*") if path.is_dir() and path.name != "__pycache__")
+    assert folders, "tests/service/ has no sub-folders"
+    strays, not_packages = [], []
+    for folder in folders:
+        relative = folder.relative_to(SERVICE_TESTS)
+        if not (folder / "__init__.py").is_file():
+            not_packages.append(str(relative))
+        if relative.parts[0] == SERVER_TESTS:
+            continue
+        if not (ROOT / "service" / relative / "__init__.py").is_file():
+            strays.append(str(relative))
+    assert strays == [], f"tests/service/ folders with no service/ sub-package of that name: {strays}"
+    assert not_packages == [], f"tests/service/ folders without an __init__.py: {not_packages}"
+
+
+def test_test_files_sit_in_a_folder_not_at_the_top_of_tests_service() -> None:
+    top = sorted(path.name for path in SERVICE_TESTS.glob("test_*.py"))
+    assert top == ["test_layout.py"], f"test modules at the top of tests/service/ (put each beside its module): {top}"
