@@ -99,7 +99,7 @@ def test_upscaled_and_exif_rotated_copies_give_the_same_boxes() -> None:
         x0, y0, x1, y1 = box_array([d])[0]
         stored_box = np.array([y0, width - x1, y1, width - x0])
         truth = [b for b, label in zip(expected.boxes, expected.labels, strict=True) if str(label) == d["label"]]
-        # IoU > 0.5, AP50's match: the committed model's boxes are not all tight (README, Detection)
+        # IoU > 0.5, AP50's match: the committed model's boxes are not all tight (docs/models.md, Detection)
         assert any(iou(stored_box, np.array([b[1], width - b[2], b[3], width - b[0]])) > 0.5 for b in truth)
 
 

@@ -32,7 +32,7 @@ async def test_detect_the_example_canvas() -> None:
     assert body["image"] == {"width": 339, "height": 327}
     detections = body["detections"]
     # Every digit found, and the "3" twice: a second, lower-scored query on the same digit (no NMS
-    # by design; the committed model has not learned to suppress every duplicate: README, Detection).
+    # by design; the committed model has not learned to suppress every duplicate: docs/models.md, Detection).
     assert sorted(d["label"] for d in detections) == ["0", "2", "3", "3", "4", "5"]
     scores = [d["score"] for d in detections]
     assert scores == sorted(scores, reverse=True) and min(scores) >= 0.5

@@ -197,7 +197,7 @@ def test_the_playground_in_a_browser_shows_what_the_api_answers(browser, tmp_pat
     driver = browser
     screenshots = DOCS_SCREENSHOTS if os.environ.get("UPDATE_SCREENSHOTS") == "1" else tmp_path
     key = "s3cret-key"
-    # Keys on, and the docs made public as the README says (their assets are public already).
+    # Keys on, and the docs made public as docs/api.md says (their assets are public already).
     public = "/healthz,/readyz,/metrics,/docs,/redoc,/openapi.json"
     env = {"PATCHSERVE_API_KEYS": key, "PATCHSERVE_AUTH_PUBLIC_PATHS": public}
     with server_process(env=env) as (url, _), tempfile.TemporaryDirectory() as scratch:
