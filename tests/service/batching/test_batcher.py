@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from service.batching.batcher import Batcher
@@ -142,6 +143,20 @@ async def test_a_failing_batch_fails_only_its_own_requests_and_the_next_batch_is
     assert "the run failed for this batch of 2: RuntimeError: CUDA error: out of memory" in failed[0].detail
     assert ids([after]) == [2]
     assert model.batches == [[0, 1], [2]]
+
+
+async def test_outputs_that_alias_the_batch_buffer_are_copied_before_the_next_batch_reuses_it() -> None:
+    def echo(x: np.ndarray) -> dict[str, np.ndarray]:
+        return {"id": x[:, 0, 0, :1]}  # (B, 1): a view of the batch buffer, as a model function may return
+
+    batcher = Batcher(echo, BatchingConfig(4, 0.0, 16), model=f"fake-{next(_names)}")
+    await batcher.start()
+    try:
+        first = await result(batcher.submit(item(1)))
+        second = await result(batcher.submit(item(2)))  # stacked into the buffer the first was run from
+    finally:
+        await batcher.stop()
+    assert ids([first, second]) == [1, 2]
 
 
 async def test_outputs_without_one_row_per_input_fail_the_whole_batch_with_a_500_that_says_so() -> None:
