@@ -33,6 +33,9 @@ from tests.service.batching.fakes import (
 pytestmark = pytest.mark.anyio
 
 
+# Release: size, delay, idle.
+
+
 async def test_a_full_batch_leaves_at_once_by_size() -> None:
     model, clock = FakeModel(), ManualClock()
     async with running(model, clock, max_batch_size=4) as batcher:
@@ -72,6 +75,9 @@ async def test_a_partial_batch_leaves_when_its_oldest_request_has_waited_the_del
     assert model.batches == [[0, 1, 2]]
     assert [r.queue_seconds for r in results] == [0.5, 0.5, 0.25]  # counted from each one's arrival
     assert ids(results) == [0, 1, 2]
+
+
+# Deadlines and cancellation (the bounded queue's refusals: test_queue.py).
 
 
 async def test_a_request_still_queued_at_its_deadline_gets_504_and_is_never_run() -> None:
@@ -132,6 +138,9 @@ async def test_the_deadline_a_request_asks_for_may_only_shorten_request_timeout(
         assert batcher.deadline(60.0) == 2.0
 
 
+# Failures.
+
+
 async def test_a_failing_batch_fails_only_its_own_requests_and_the_next_batch_is_served() -> None:
     model, clock = FakeModel(), ManualClock()
     model.fail_with = RuntimeError("CUDA error: out of memory")
@@ -170,6 +179,9 @@ async def test_outputs_without_one_row_per_input_fail_the_whole_batch_with_a_500
     assert all("output 'id' has 2 rows for a batch of 3 inputs" in e.detail for e in failed)
 
 
+# Shapes and fairness.
+
+
 async def test_shapes_never_share_a_batch_and_the_oldest_request_leads_the_next_one() -> None:
     small, large = (1, 2, 2), (1, 3, 5)
     model, clock = FakeModel(), ManualClock()
@@ -185,6 +197,9 @@ async def test_shapes_never_share_a_batch_and_the_oldest_request_leads_the_next_
     assert model.batches == [[99], [1, 3], [2, 6], [4, 5]]
     assert ids(results) == [99, 1, 2, 3, 4, 5, 6]
     assert [r.outputs["total"].item() for r in results[1:3]] == [1 * 4, 2 * 15]
+
+
+# The end of the loop.
 
 
 class LoopKiller(BaseException):
