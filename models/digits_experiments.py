@@ -18,7 +18,7 @@ class token cannot tell the order of its inputs (self-attention is permutation-e
 Dosovitskiy et al. 2021, Appendix D.4), so no prediction may change; with them most do
 (reference: 304 of 360).
 
-Writes ``results.json``, ``results.md`` (the README's table), and ``<run>/seed-<n>/metrics.json``
+Writes ``results.json``, ``results.md`` (the table in docs/models.md), and ``<run>/seed-<n>/metrics.json``
 under ``--out``, with ``training_curves.png`` beside it for the first seed.
 """
 

@@ -10,7 +10,7 @@ at 0.1 (DETR's ``clip_max_norm``), 200 linear warm-up steps, then a constant rat
 at ``--lr-drop`` (DETR drops once, late). DETR trains its ImageNet backbone at a tenth of the
 rate (``--lr-backbone 3e-5``, ``--keep-backbone-lr``); this small backbone, pretrained only
 briefly, needs the full rate for the boxes to tighten, and a schedule this long on this many
-canvases to reach AP 0.80 (the runs compared: README, Detection, and ``docs/detr-digits-recipes``).
+canvases to reach AP 0.80 (the runs compared: docs/models.md, Detection, and ``docs/detr-digits-recipes``).
 Val AP (COCOeval) is measured every ``--eval-every`` steps, test AP once at the end. The
 defaults, 60,000 train canvases (``--train-images``), 9,500 steps, the drop at 7,000:
 

@@ -26,7 +26,7 @@ from service.imaging.preprocess import Preprocessor
 from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
 from tests.export.hf_helpers import import_presets, transformers_model
-from tests.service.test_api import assert_problem
+from tests.service.helpers import assert_problem
 
 PHOTOS = [ROOT / "tests" / "images" / "skimage" / name for name in ("chelsea.png", "astronaut.png", "coffee.png")]
 # preset -> (architecture, prefix tokens of its attention output, or None: a class activation map instead)

@@ -1,0 +1,45 @@
+"""Settings validation: a bad or unknown ``PATCHSERVE_*`` variable stops start-up with a message that names it."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core.settings import load_settings, unknown_variables
+from tests.service.helpers import run_server
+
+
+def test_server_with_a_bad_setting_names_the_variable() -> None:
+    result = run_server({"PATCHSERVE_MAX_BATCH_SIZE": "0"})
+    assert result.returncode == 2
+    assert "PATCHSERVE_MAX_BATCH_SIZE" in result.stderr
+
+
+def test_settings_read_the_environment(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("PATCHSERVE_PORT", "9001")
+    monkeypatch.setenv("PATCHSERVE_API_KEYS", "a, b")
+    monkeypatch.setenv("PATCHSERVE_DEVICE", "cpu")
+    settings = load_settings()
+    assert settings.port == 9001 and settings.api_keys == ["a", "b"] and settings.device == "cpu"
+    monkeypatch.setenv("PATCHSERVE_DEVICE", "tpu")
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    assert stopped.value.code == 2 and "PATCHSERVE_DEVICE" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "variable", ["PATCHSERVE_REQUEST_TIMEOUT", "PATCHSERVE_BODY_TIMEOUT", "PATCHSERVE_SEND_TIMEOUT"]
+)
+@pytest.mark.parametrize("value", ["inf", "1e400", "nan"])
+def test_a_timeout_that_is_not_finite_stops_the_start(monkeypatch, capsys, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    assert stopped.value.code == 2 and variable in capsys.readouterr().err
+
+
+def test_an_unknown_patchserve_variable_is_named_with_the_setting_it_resembles() -> None:
+    environ = {"PATCHSERVE_MAX_BATCH": "8", "PATCHSERVE_PORT": "9000", "PATCHSERVE_ZZZ": "1", "HOME": "/root"}
+    assert unknown_variables(environ) == [
+        "PATCHSERVE_MAX_BATCH: not a setting, ignored (did you mean PATCHSERVE_MAX_BATCH_SIZE?)",
+        "PATCHSERVE_ZZZ: not a setting, ignored",
+    ]

@@ -1,0 +1,97 @@
+"""Admission in process: the in-flight cap (503 before the body is read), the body timeout (408)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from tests.conftest import ROOT, running_app
+from tests.service.helpers import HeldRequest, sample, until
+
+pytestmark = pytest.mark.anyio
+
+
+DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
+CLASSIFY = "/v1/models/vit-digits/classify"
+
+
+def delta(before: str, after: str, **labels: str) -> float:
+    """How much ``patchserve_requests_total{labels}`` grew between two scrapes."""
+    return sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels)
+
+
+async def test_requests_over_the_cap_get_503_with_retry_after_before_their_body_is_read() -> None:
+    async with running_app(max_in_flight=2) as client:
+        app = client.app
+        held = [HeldRequest(app), HeldRequest(app)]
+        await until(lambda: all(h.body_reads == 1 for h in held))  # both inside, waiting for their bodies
+        before = (await client.get("/metrics")).text
+        third = HeldRequest(app)
+        await until(lambda: third.task.done())
+        assert third.body_reads == 0  # refused without reading a byte of its body
+        assert third.status == 503 and third.headers["retry-after"] == "1"
+        assert third.headers["content-type"] == "application/problem+json"
+        problem = third.body
+        assert problem["status"] == 503 and "PATCHSERVE_MAX_IN_FLIGHT" in problem["detail"]
+        assert problem["instance"] == third.headers["x-request-id"]
+        # probes and metrics are never refused, even with the worker full
+        assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/readyz")).status_code == 200
+        after = (await client.get("/metrics")).text
+        assert delta(before, after, model="vit-digits", version="1", outcome="rejected") == 1
+        for h in held:
+            h.release()
+        await asyncio.wait_for(asyncio.gather(*(h.task for h in held)), 10)
+        assert [h.status for h in held] == [200, 200]
+        assert all(h.body["predictions"][0]["label"] == "7" for h in held)
+        # the slots are free again
+        response = await client.post(CLASSIFY, files={"image": DIGIT_7})
+        assert response.status_code == 200
+
+
+async def test_a_refused_request_for_an_unknown_model_is_counted_as_unknown() -> None:
+    async with running_app(max_in_flight=1) as client:
+        held = HeldRequest(client.app)
+        await until(lambda: held.body_reads == 1)
+        before = (await client.get("/metrics")).text
+        refused = HeldRequest(client.app, "/v1/models/no-such-model/classify")
+        await until(lambda: refused.task.done())
+        after = (await client.get("/metrics")).text
+        held.release()
+        await held.task
+    assert refused.status == 503
+    labels = {"model": "_unknown", "outcome": "rejected"}
+    assert delta(before, after, **labels) == 1
+    assert "no-such-model" not in after
+
+
+async def test_a_body_not_received_in_time_is_408_and_closes_the_connection() -> None:
+    async with running_app(body_timeout=0.2) as client:
+        before = (await client.get("/metrics")).text
+        stalled = HeldRequest(client.app)  # never released: the body never comes
+        await asyncio.wait_for(stalled.task, 5)
+        after = (await client.get("/metrics")).text
+        on_time = await client.post(CLASSIFY, files={"image": DIGIT_7})
+    assert stalled.status == 408
+    assert stalled.headers["connection"] == "close"
+    assert stalled.headers["content-type"] == "application/problem+json"
+    assert "0.2 s" in stalled.body["detail"] and "PATCHSERVE_BODY_TIMEOUT" in stalled.body["detail"]
+    labels = {"model": "vit-digits", "version": "1", "outcome": "client_error"}
+    assert delta(before, after, **labels) == 1
+    assert on_time.status_code == 200
+
+
+async def test_exempt_paths_are_served_while_the_worker_is_full() -> None:
+    async with running_app(max_in_flight=1, body_timeout=2.0) as client:
+        held = HeldRequest(client.app)  # its body never comes: it holds the only slot until its 408
+        await until(lambda: held.body_reads >= 1)
+        refused = await client.post(CLASSIFY, files={"image": DIGIT_7})
+        responses = await asyncio.gather(*(client.get(p) for p in ("/healthz", "/readyz", "/metrics") * 3))
+        still_held = not held.task.done()
+        await asyncio.wait_for(held.task, 10)
+    assert still_held and refused.status_code == 503
+    assert [r.status_code for r in responses] == [200] * 9
+    assert held.status == 408

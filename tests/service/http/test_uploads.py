@@ -1,0 +1,214 @@
+"""Reading request bodies: size caps while streaming, multipart limits, empty and malformed bodies."""
+
+from __future__ import annotations
+
+import base64
+import socket
+
+import pytest
+
+from tests.conftest import ROOT, running_app
+from tests.service.helpers import CHUNK, Chunks, assert_problem
+
+pytestmark = pytest.mark.anyio
+
+
+DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
+CLASSIFY = "/v1/models/vit-digits/classify"
+
+
+@pytest.mark.parametrize("content_type", ["image/png", "application/json", "multipart/form-data; boundary=xyz"])
+async def test_a_chunked_body_over_the_limit_is_413_without_reading_the_rest(content_type: str) -> None:
+    body = Chunks(1000, prefix=b"--xyz\r\nContent-Disposition: form-data; name=image\r\n\r\n")  # 64 MiB
+    async with running_app(max_body_bytes=1024 * 1024) as client:
+        response = await client.post(CLASSIFY, content=body, headers={"content-type": content_type})
+    assert_problem(response, 413, "over the limit of 1048576 bytes")
+    assert "content-length" not in response.request.headers  # it really was sent without one
+    assert body.pulled <= 1024 * 1024 // CHUNK + 1  # stopped at the cap, not at the end
+
+
+async def test_a_content_length_over_the_limit_is_413_before_reading() -> None:
+    body = Chunks(4)
+    async with running_app(max_body_bytes=4096) as client:
+        response = await client.post(
+            CLASSIFY, content=body, headers={"content-type": "image/png", "content-length": str(200 * 10**6)}
+        )
+    assert_problem(response, 413, "the body is 200000000 bytes; the limit is 4096")
+    assert body.pulled == 0
+
+
+async def test_a_content_length_that_is_not_a_number_is_400() -> None:
+    async with running_app() as client:
+        response = await client.post(
+            CLASSIFY, content=Chunks(1), headers={"content-type": "image/png", "content-length": "12abc"}
+        )
+    assert_problem(response, 400, "Content-Length")
+
+
+async def test_too_many_multipart_parts_or_images_are_400() -> None:
+    async with running_app(max_images_per_request=4, max_multipart_parts=6) as client:
+        fields = [("note", (None, "x")) for _ in range(7)]
+        too_many_parts = await client.post(CLASSIFY, files=[("image", DIGIT_7), *fields])
+        too_many_images = await client.post(CLASSIFY, files=[("image", DIGIT_7)] * 5)
+        just_enough = await client.post(CLASSIFY, files=[("image", DIGIT_7)] * 4 + [("note", (None, "x"))] * 2)
+    assert_problem(too_many_parts, 400, "more than 6 parts")
+    assert_problem(too_many_images, 400, "more than 4 images")
+    assert just_enough.status_code == 200 and len(just_enough.json()["results"]) == 4
+
+
+async def test_the_default_part_limit_is_the_setting() -> None:
+    async with running_app() as client:
+        assert client.app.state.server.settings.max_multipart_parts == 64
+        response = await client.post(CLASSIFY, files=[("image", DIGIT_7)] + [("x", (None, "1"))] * 64)
+    assert_problem(response, 400, "more than 64 parts")
+
+
+@pytest.mark.parametrize(
+    ("content", "content_type", "detail"),
+    [
+        (b"", "image/png", "empty"),
+        (b"", "application/json", "empty"),
+        (b"", "multipart/form-data; boundary=xyz", "empty"),
+        (
+            b"--xyz\r\nContent-Disposition: form-data; name=image\r\n\r\nabc",
+            "multipart/form-data; boundary=xyz",
+            "closing boundary",
+        ),
+        (
+            b"--abc\r\nContent-Disposition: form-data; name=image\r\n\r\nabc\r\n--abc--\r\n",
+            "multipart/form-data; boundary=xyz",
+            "malformed multipart",
+        ),
+        (b"whatever", "multipart/form-data", "without a boundary"),
+        (b"--" + b"B" * 257 + b"\r\n", "multipart/form-data; boundary=" + "B" * 257, "malformed multipart header"),
+        (b"[1, 2]", "application/json", '{"images"'),
+        (b'{"images": []}', "application/json", '{"images"'),
+        (b'{"images": [1]}', "application/json", '{"images"'),
+        (b'{"images": ["%%%"]}', "application/json", "images[0] is not valid base64"),
+        (b"{not json", "application/json", "not valid JSON"),
+    ],
+)
+async def test_malformed_bodies_are_400(content: bytes, content_type: str, detail: str) -> None:
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, content=content, headers={"content-type": content_type})
+    assert_problem(response, 400, detail)
+
+
+@pytest.mark.parametrize(
+    ("content_type", "detail"), [("text/plain", "'text/plain' is not accepted"), ("", "'(none)' is not accepted")]
+)
+async def test_a_content_type_that_carries_no_image_is_415(content_type: str, detail: str) -> None:
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, content=DIGIT_7, headers={"content-type": content_type})
+    assert_problem(response, 415, detail)
+
+
+async def test_an_image_type_that_is_not_an_accepted_format_is_415_naming_it() -> None:
+    svg = b'<svg xmlns="http://www.w3.org/2000/svg" width="8" height="8"><rect width="8" height="8"/></svg>'
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, content=svg, headers={"content-type": "image/svg+xml"})
+    assert_problem(response, 415, "SVG/XML files are not accepted")
+
+
+async def test_urls_are_refused_and_never_fetched(monkeypatch: pytest.MonkeyPatch) -> None:
+    connections: list[object] = []
+    original = socket.socket.connect
+    monkeypatch.setattr(
+        socket.socket, "connect", lambda self, address: connections.append(address) or original(self, address)
+    )
+    async with running_app() as client:
+        for url in ("http://127.0.0.1:9/digit.png", "https://example.com/a.jpg", "file:///etc/passwd"):
+            response = await client.post(CLASSIFY, json={"images": [url]})
+            assert_problem(response, 400, "images[0] is a URL; this server fetches nothing")
+    assert connections == []
+
+
+async def test_json_images_answer_in_order_each_with_its_own_status() -> None:
+    encoded = base64.b64encode(DIGIT_7).decode()
+    images = [encoded, "", base64.b64encode(b"GIF89a").decode(), "data:image/png;base64," + encoded]
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, json={"images": images}, params={"top_k": 1})
+    results = response.json()["results"]
+    assert response.status_code == 200
+    assert [r.get("status", 200) for r in results] == [200, 400, 415, 200]
+    assert results[0] == results[3] and results[0]["predictions"][0]["label"] == "7"
+    assert "empty" in results[1]["detail"] and "GIF" in results[2]["detail"]
+
+
+async def test_multipart_parts_of_other_names_are_dropped_and_images_kept_in_order() -> None:
+    blank = (ROOT / "tests" / "images" / "pillow" / "hopper.bmp").read_bytes()
+    files = [("meta", (None, "x")), ("image", ("a.png", DIGIT_7)), ("other", ("b", b"zz")), ("image", ("b", blank))]
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, files=files, params={"top_k": 1})
+    results = response.json()["results"]
+    assert [r["image"] for r in results] == [{"width": 64, "height": 64}, {"width": 128, "height": 128}]
+
+
+async def test_an_empty_image_part_is_400_for_that_image_only() -> None:
+    async with running_app() as client:
+        alone = await client.post(CLASSIFY, files={"image": ("empty.png", b"")})
+        mixed = await client.post(CLASSIFY, files=[("image", DIGIT_7), ("image", ("empty.png", b""))])
+    assert_problem(alone, 400, "empty (0 bytes)")
+    assert [r.get("status", 200) for r in mixed.json()["results"]] == [200, 400]
+
+
+async def test_refused_and_failed_requests_free_their_bodies_without_the_garbage_collector() -> None:
+    """A reference cycle through a request's body would keep it alive until the cyclic GC runs
+    (rarely: it counts objects, not bytes). One through the multipart parser's callbacks kept
+    every refused multipart body; with the GC off, the server must still hold nothing after."""
+    import gc
+    import tracemalloc
+
+    megabytes = b"\0" * (3 * 1024 * 1024)
+    preamble = b"--xyz\r\nContent-Disposition: form-data; name=image\r\n\r\n"
+    bad_png = b"\x89PNG\r\n\x1a\n" + megabytes
+    client_side = [tracemalloc.Filter(False, "*/httpx/*"), tracemalloc.Filter(False, tracemalloc.__file__)]
+    async with running_app(max_body_bytes=4 * 1024 * 1024) as client:
+        await client.post(CLASSIFY, files=[("image", DIGIT_7), ("image", b"junk")])  # warm lazy imports
+        gc.collect()
+        gc.disable()
+        tracemalloc.start()
+        try:
+            before = tracemalloc.take_snapshot().filter_traces(client_side)
+            statuses = [
+                (await client.post(CLASSIFY, content=Chunks(100), headers={"content-type": "image/png"})).status_code,
+                (
+                    await client.post(
+                        CLASSIFY,
+                        content=Chunks(100, prefix=preamble),
+                        headers={"content-type": "multipart/form-data; boundary=xyz"},
+                    )
+                ).status_code,
+                (await client.post(CLASSIFY, files=[("image", megabytes)] + [("x", (None, "1"))] * 70)).status_code,
+                (await client.post(CLASSIFY, files=[("image", bad_png), ("image", DIGIT_7)])).status_code,
+                (await client.post(CLASSIFY, content=bad_png, headers={"content-type": "image/png"})).status_code,
+                (
+                    await client.post(CLASSIFY, json={"images": [base64.b64encode(megabytes[: 2**21]).decode()[:-1]]})
+                ).status_code,
+            ]
+            after = tracemalloc.take_snapshot().filter_traces(client_side)
+        finally:
+            tracemalloc.stop()
+            gc.enable()
+    assert statuses == [413, 413, 400, 200, 415, 400]
+    retained = sum(stat.size_diff for stat in after.compare_to(before, "filename"))
+    assert retained < 512 * 1024, f"the server still holds {retained} bytes after the requests"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "br", "deflate"])
+async def test_v1_refuses_a_content_encoding_instead_of_reading_it_as_plain(encoding: str) -> None:
+    async with running_app() as client:
+        response = await client.post(
+            "/v1/models/vit-digits/classify",
+            content=DIGIT_7,
+            headers={"content-type": "image/png", "content-encoding": encoding},
+        )
+        plain = await client.post(
+            "/v1/models/vit-digits/classify",
+            content=DIGIT_7,
+            headers={"content-type": "image/png", "content-encoding": "identity"},
+        )
+    assert_problem(response, 415, f"Content-Encoding {encoding!r} is not accepted on /v1")
+    assert plain.status_code == 200

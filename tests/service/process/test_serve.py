@@ -1,0 +1,112 @@
+"""The server runner in process: uvicorn settings, the metrics folder, dead workers, the drain's signal handling."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from service.core import lifecycle
+from service.core.metrics import mark_dead_workers
+from service.process import serve
+from tests.conftest import make_settings
+
+
+def test_uvicorn_config_defaults_outlast_proxies_and_cover_the_drain() -> None:
+    config = serve.uvicorn_config(make_settings())
+    assert config.timeout_keep_alive == 75  # above the 60 s idle timeout of common proxies and balancers
+    assert config.timeout_graceful_shutdown == 30 and config.drain_delay == 5.0
+    assert config.access_log is False  # service.http.middleware.access_log writes the one line per request
+    assert config.factory and config.app == "service.http.app:build_app"
+    custom = serve.uvicorn_config(make_settings(keep_alive_timeout=620, drain_delay=0, workers=3))
+    assert (custom.timeout_keep_alive, custom.drain_delay, custom.workers) == (620, 0.0, 3)
+
+
+def test_the_metrics_folder_is_wiped_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "counter_123.db").write_bytes(b"old")
+    (tmp_path / "notes.txt").write_text("not ours")
+    monkeypatch.setenv(serve.MULTIPROC_ENV, str(tmp_path))
+    folder, created = serve.prepare_multiprocess_dir()
+    assert (folder, created) == (tmp_path, False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # only the metric files go
+
+    monkeypatch.delenv(serve.MULTIPROC_ENV)
+    folder, created = serve.prepare_multiprocess_dir()
+    try:
+        assert created and folder.is_dir() and os.environ[serve.MULTIPROC_ENV] == str(folder)
+    finally:
+        monkeypatch.delenv(serve.MULTIPROC_ENV)
+        folder.rmdir()
+
+
+def test_dead_workers_lose_their_live_gauges_but_keep_their_counts(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # exited and reaped: its pid is free
+    alive = os.getppid()
+    for name in (f"gauge_livesum_{dead.pid}.db", f"counter_{dead.pid}.db", f"gauge_livesum_{alive}.db"):
+        (tmp_path / name).write_bytes(b"")
+    assert mark_dead_workers(tmp_path) == [dead.pid]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"counter_{dead.pid}.db", f"gauge_livesum_{alive}.db"])
+
+
+def test_first_sigterm_drains_repeats_are_ignored_and_the_delay_ends_it() -> None:
+    server = serve.DrainingServer(serve.uvicorn_config(make_settings(drain_delay=0.2)))
+    try:
+        server.handle_exit(signal.SIGTERM, None)
+        assert lifecycle.shutdown_requested() and not server.should_exit  # 503 on /readyz, still accepting
+        server.handle_exit(signal.SIGTERM, None)  # from systemd, timeout(1) or the supervisor: no change
+        assert not server.should_exit
+        assert asyncio.run(server.on_tick(1)) is False
+        asyncio.run(asyncio.sleep(0.25))
+        assert asyncio.run(server.on_tick(2)) is True and server.should_exit  # stop accepting now
+        assert server._captured_signals == []  # nothing re-raised after shutdown: exit status 0
+    finally:
+        lifecycle.clear_shutdown()
+
+
+def test_ctrl_c_twice_skips_the_delay_and_three_times_abandons_the_requests() -> None:
+    server = serve.DrainingServer(serve.uvicorn_config(make_settings(drain_delay=60)))
+    try:
+        server.handle_exit(signal.SIGINT, None)
+        assert not server.should_exit
+        server.handle_exit(signal.SIGINT, None)
+        assert server.should_exit and not server.force_exit
+        server.handle_exit(signal.SIGINT, None)
+        assert server.force_exit
+    finally:
+        lifecycle.clear_shutdown()
+
+
+def test_readiness_turns_503_when_the_process_is_asked_to_stop() -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from service.http.state import ServerState
+
+    state = ServerState(make_settings(), ThreadPoolExecutor(1))
+    state.repository = type("Empty", (), {"all": staticmethod(list)})()  # loaded, nothing unready
+    assert state.not_ready_reasons() == []
+    lifecycle.request_shutdown()
+    try:
+        assert state.not_ready_reasons() == ["the server is draining (shutting down)"]
+    finally:
+        lifecycle.clear_shutdown()
+        state.decode_pool.shutdown()
+
+
+def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from service.process import serve
+    from tests.conftest import make_settings
+
+    config = serve.uvicorn_config(make_settings(backlog=4096, send_timeout=7.5))
+    protocol = "service.process.connections:SendTimeoutProtocol"
+    assert (config.loop, config.http, config.backlog) == ("uvloop", protocol, 4096)
+    config.load()
+    assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
+    assert serve.uvicorn_config(make_settings()).backlog == 2048

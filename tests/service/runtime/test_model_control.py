@@ -1,0 +1,290 @@
+"""Model control in process: version policies, the repository API, swaps, retirements, refusals.
+
+Each test serves a copy of vit-digits in a temporary folder and publishes further versions into
+it (tests/service/model_versions.py). Conditions are waited for with generous deadlines, never
+slept on; a version's requests are held in flight by a session whose ``run`` waits for an event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import threading
+from pathlib import Path
+
+import pytest
+
+from service.runtime.version_policy import (
+    DEFAULT_POLICY,
+    All,
+    ConfigError,
+    Latest,
+    Specific,
+    VersionPolicy,
+    parse_config,
+)
+from tests.conftest import MODEL_REPOSITORY, ROOT, make_settings, running_app
+from tests.service.helpers import sample
+from tests.service.model_versions import Reference, publish
+
+pytestmark = pytest.mark.anyio
+DIGIT_7 = ROOT / "examples" / "digit-7.png"
+CLASSIFY = "/v1/models/vit-digits/classify"
+LOAD, UNLOAD = (f"/v2/repository/models/vit-digits/{verb}" for verb in ("load", "unload"))
+INDEX = "/v2/repository/index"
+
+
+@pytest.fixture
+def repository(tmp_path: Path) -> Path:
+    shutil.copytree(MODEL_REPOSITORY / "vit-digits", tmp_path / "vit-digits")
+    return tmp_path
+
+
+async def until(condition, what: str, seconds: float = 60.0) -> None:
+    """Wait for ``condition()`` (checked every 10 ms) at most ``seconds``; fail naming ``what``."""
+    for _ in range(int(seconds / 0.01)):
+        if condition():
+            return
+        await asyncio.sleep(0.01)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+def control(client):
+    return client.app.state.server.control
+
+
+async def classify(client, version: str | None = None):
+    params = {"version": version} if version else {}
+    return await client.post(CLASSIFY, params=params, files={"image": DIGIT_7.read_bytes()})
+
+
+def test_version_policies_select_as_triton_does() -> None:
+    assert DEFAULT_POLICY.select([3, 1, 2]) == {3}
+    assert VersionPolicy(latest=Latest(num_versions=2)).select([1, 2, 3]) == {2, 3}
+    assert VersionPolicy(all=All()).select([1, 3]) == {1, 3}
+    assert VersionPolicy(specific=Specific(versions=[1, 4])).select([1, 2, 3]) == {1}
+    assert parse_config('{"version_policy": {"all": {}}, "max_batch_size": 8}', "x").version_policy.all is not None
+    with pytest.raises(ConfigError, match="exactly one"):
+        parse_config('{"version_policy": {"all": {}, "latest": {"num_versions": 1}}}', "config.json")
+    with pytest.raises(ConfigError, match="num_versions"):
+        parse_config('{"version_policy": {"latest": {"num_versions": 0}}}', "config.json")
+
+
+async def test_load_api_swaps_in_a_new_version_and_retires_the_old(repository: Path) -> None:
+    reference = Reference(repository, "vit-digits")
+    async with running_app(make_settings(model_repository=repository)) as client:
+        first = await classify(client)
+        assert first.json()["version"] == "1" and reference.matches(1, DIGIT_7, first.json())
+        publish(repository, "vit-digits", 2)
+        assert (await classify(client)).json()["version"] == "1"  # no polling: nothing changes by itself
+        before = (await client.get("/metrics")).text  # the counters are the process's, shared by every test
+        assert (await client.post(LOAD)).status_code == 200
+        second = await classify(client)
+        assert second.json()["version"] == "2" and reference.matches(2, DIGIT_7, second.json())
+        assert second.json()["predictions"][0]["label"] == "2"  # version 2 reverses the classes: 7 -> 2
+        await control(client).until_retired()
+        index = (await client.post(INDEX)).json()
+        assert index == [{"name": "vit-digits", "version": "2", "state": "READY", "reason": ""}]
+        listing = (await client.get("/v1/models")).json()
+        assert [v["version"] for v in listing["models"][0]["versions"]] == ["2"]
+        assert listing["models"][0]["version_policy"] == {"latest": {"num_versions": 1}}
+        assert (await classify(client, "1")).status_code == 404
+        metrics = (await client.get("/metrics")).text
+        labels = {"model": "vit-digits", "version": "2", "outcome": "success"}
+        assert (
+            sample(metrics, "patchserve_model_loads_total", **labels)
+            - sample(before, "patchserve_model_loads_total", **labels)
+            == 1
+        )
+        assert sample(metrics, "patchserve_model_info", model="vit-digits", version="1") == 0
+
+
+async def test_a_retired_version_answers_everything_it_queued_and_ran(repository: Path) -> None:
+    (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"all": {}}}')
+    publish(repository, "vit-digits", 2)
+    reference = Reference(repository, "vit-digits")
+    async with running_app(make_settings(model_repository=repository, max_batch_size=1)) as client:
+        v1 = client.app.state.server.repository.get("vit-digits", "1")
+        runner = v1.instances[0]
+        release, session = threading.Event(), runner.session
+
+        class HeldSession:  # the first run waits until released; the batcher queues the others behind it
+            def run(self, *args):
+                release.wait(60)
+                return session.run(*args)
+
+        runner.session = HeldSession()
+        held = [asyncio.create_task(classify(client, "1")) for _ in range(5)]
+        await until(lambda: v1.batcher.queued == 4, "one request of version 1 in flight and four queued")
+        retire = await client.post(
+            LOAD, json={"parameters": {"config": '{"version_policy": {"specific": {"versions": [2]}}}'}}
+        )
+        assert retire.status_code == 200, retire.text
+        assert v1.retiring and not v1.released  # out of the routing table, still finishing its requests
+        index = {e["version"]: e["state"] for e in (await client.post(INDEX)).json()}
+        assert index == {"1": "UNLOADING", "2": "READY"}
+        later = await classify(client)  # a request without a version: version 2, at once
+        assert later.json()["version"] == "2" and reference.matches(2, DIGIT_7, later.json())
+        assert (await classify(client, "1")).status_code == 404
+        release.set()
+        answers = await asyncio.gather(*held)
+        assert [a.status_code for a in answers] == [200] * 5
+        assert all(a.json()["version"] == "1" and reference.matches(1, DIGIT_7, a.json()) for a in answers)
+        await control(client).until_retired()
+        assert v1.released and v1.instances == []
+        assert [e["version"] for e in (await client.post(INDEX)).json()] == ["2"]
+
+
+async def test_a_corrupt_version_is_refused_and_the_serving_one_keeps_serving(repository: Path) -> None:
+    def loads(text: str, version: str, outcome: str) -> float:
+        return sample(text, "patchserve_model_loads_total", model="vit-digits", version=version, outcome=outcome)
+
+    async with running_app(make_settings(model_repository=repository)) as client:
+        before = (await client.get("/metrics")).text  # the counters are the process's, shared by every test
+        publish(repository, "vit-digits", 3, "bad-manifest")
+        refused = await client.post(LOAD)
+        assert refused.status_code == 400 and "not_a_field" in refused.json()["error"]
+        assert (await classify(client)).json()["version"] == "1"
+        (entry,) = [e for e in (await client.post(INDEX)).json() if e["version"] == "3"]
+        assert entry["state"] == "UNAVAILABLE" and "not_a_field" in entry["reason"]
+        (shown,) = (await client.get("/v1/models")).json()["not_serving"]
+        assert shown["version"] == "3" and "not_a_field" in shown["reason"]
+        assert (await client.get("/readyz")).status_code == 200
+        shutil.rmtree(repository / "vit-digits" / "3")
+        publish(repository, "vit-digits", 3, "wrong-input")
+        refused = await client.post(LOAD)
+        assert refused.status_code == 400 and "'pixels'" in refused.json()["error"], refused.text
+        assert (await classify(client)).json()["version"] == "1"
+        after = (await client.get("/metrics")).text
+        assert loads(after, "3", "failure") - loads(before, "3", "failure") == 2
+        assert loads(after, "1", "success") == loads(before, "1", "success")  # version 1 was never loaded again
+
+
+async def test_polling_publishes_and_removing_a_folder_retires(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository, repository_poll_seconds=0.05)) as client:
+        publish(repository, "vit-digits", 2)
+        await until(lambda: "2" in {str(v) for v in client.app.state.server.repository.models["vit-digits"]}, "v2")
+        assert (await classify(client)).json()["version"] == "2"
+        (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"latest": {"num_versions": 2}}}')
+        await until(lambda: 1 in client.app.state.server.repository.models.get("vit-digits", {}), "v1 back")
+        shutil.rmtree(repository / "vit-digits" / "2")
+        await until(lambda: 2 not in client.app.state.server.repository.models.get("vit-digits", {}), "v2 retired")
+        assert (await classify(client)).json()["version"] == "1"
+
+
+async def test_unload_then_load_and_the_switches(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        assert (await client.post(UNLOAD)).status_code == 200
+        assert (await classify(client)).status_code == 404
+        await control(client).until_retired()
+        assert (await client.post(INDEX)).json() == [
+            {"name": "vit-digits", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"}
+        ]
+        assert (await client.post(INDEX, json={"ready": True})).json() == []
+        assert (await client.get("/readyz")).status_code == 200  # nothing that should serve is down
+        assert (await client.post(LOAD)).status_code == 200
+        assert (await classify(client)).json()["version"] == "1"
+        assert (await client.post("/v2/repository/models/nothing/load")).status_code == 400
+        assert (await client.post(LOAD, json={"parameters": {"file:1/model.onnx": "AAAA"}})).status_code == 400
+        assert (await client.post(LOAD, content=b"{not json")).status_code == 400
+    async with running_app(make_settings(model_repository=repository, model_control_api=False)) as client:
+        off = await client.post(UNLOAD)
+        assert off.status_code == 403 and "PATCHSERVE_MODEL_CONTROL_API" in off.json()["error"]
+        assert (await client.post(INDEX)).status_code == 200
+    async with running_app(make_settings(model_repository=repository, api_keys=["k1"])) as client:
+        assert (await client.post(UNLOAD)).status_code == 401
+        assert (await client.post(UNLOAD, headers={"Authorization": "Bearer k1"})).status_code == 200
+
+
+async def test_a_version_loaded_while_serving_reuses_the_tuners_result_and_never_measures(
+    repository: Path, tmp_path: Path
+) -> None:
+    tuned = {"auto_tune": True, "instances": None, "tune_point_seconds": 0.02, "tune_max_batch_size": 4}
+    settings = make_settings(model_repository=repository, tune_cache=tmp_path / "cache", tune_busy_cores=64, **tuned)
+    async with running_app(settings) as client:
+        first = (await client.get("/v1/models/vit-digits")).json()["versions"][0]["autotune"]
+        assert first["source"] == "measured"  # at start-up, nothing else serving: measured (and cached)
+        publish(repository, "vit-digits", 2, "copy")  # the same graph: the cached result is its own
+        assert (await client.post(LOAD)).status_code == 200
+        second = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
+        assert second["version"] == "2" and second["autotune"]["source"] == "cache"
+        assert second["autotune"]["chosen"] == first["chosen"]
+        assert second["autotune"]["measured_at"] == first["measured_at"]  # the start-up measurement, read back
+        publish(repository, "vit-digits", 3)  # another graph, nothing cached: version 2's choice, not a measurement
+        assert (await client.post(LOAD)).status_code == 200
+        third = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
+        assert third["version"] == "3" and third["autotune"]["source"].startswith("reused from version 2")
+        assert third["autotune"]["chosen"] == first["chosen"]
+        assert third["batching"]["max_batch_size"] == first["chosen"]["max_batch_size"]
+        assert not list((tmp_path / "cache").glob("vit-digits-3-*.json"))  # nothing was measured for it
+
+
+async def test_a_poll_loads_a_version_only_once_its_files_are_complete_and_settled(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        models = client.app.state.server.repository.models
+        half = repository / "vit-digits" / "3"
+        half.mkdir()
+        shutil.copy(repository / "vit-digits" / "1" / "model.onnx", half / "model.onnx")  # no model.json yet
+        publish(repository, "vit-digits", 2)
+        await control(client).sync()  # the poller's call: version 2 seen once, not yet settled
+        assert set(models["vit-digits"]) == {1}
+        await control(client).sync()  # unchanged since: loaded, and version 1 retired (latest 1)
+        assert set(models["vit-digits"]) == {2}
+        await control(client).sync()
+        assert set(models["vit-digits"]) == {2} and "3" not in {e["version"] for e in (await client.post(INDEX)).json()}
+        (half / "junk").mkdir()
+        (repository / "vit-digits" / "not-a-version").mkdir()  # ignored, with one warning
+        (repository / "vit-digits" / "config.json").write_text("{not json")
+        await control(client).sync()  # an invalid config.json: what serves is unchanged
+        assert set(models["vit-digits"]) == {2}
+        described = (await client.get("/v1/models/vit-digits")).json()
+        assert "not JSON" in described["version_policy"]["error"]
+        assert (await client.get("/readyz")).status_code == 200
+        moved = repository.rename(repository.with_name("elsewhere"))  # an unmounted volume: nothing to list
+        await control(client).sync()
+        assert set(models["vit-digits"]) == {2}  # nothing retired on a view it could not read
+        assert (await classify(client)).json()["version"] == "2"
+        moved.rename(repository)
+
+
+async def test_a_version_rewritten_in_place_is_loaded_again_and_swapped(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        old = client.app.state.server.repository.get("vit-digits", "1")
+        assert (await classify(client)).json()["predictions"][0]["label"] == "7"
+        publish(repository, "vit-digits", 2)
+        # new files for version 1, each replaced atomically (os.replace), as a re-export would
+        (repository / "vit-digits" / "2" / "model.onnx").replace(repository / "vit-digits" / "1" / "model.onnx")
+        shutil.rmtree(repository / "vit-digits" / "2")
+        assert (await client.post(LOAD)).status_code == 200
+        answer = (await classify(client)).json()
+        assert answer["version"] == "1" and answer["predictions"][0]["label"] == "2"  # the reversed graph
+        await control(client).until_retired()
+        assert old.released and client.app.state.server.repository.get("vit-digits", "1") is not old
+        metrics = (await client.get("/metrics")).text
+        assert sample(metrics, "patchserve_model_info", model="vit-digits", version="1") == 1
+
+
+async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
+    async with running_app(make_settings(model_repository=repository)) as client:
+        loader, proceed = control(client).loader, threading.Event()
+
+        class SlowLoader:  # the load of version 2 waits, in its worker thread, until told to go on
+            tuner = loader.tuner
+
+            def load(self, *args, **kwargs):
+                proceed.wait(60)
+                return loader.load(*args, **kwargs)
+
+        control(client).loader = SlowLoader()
+        publish(repository, "vit-digits", 2)
+        loading = asyncio.create_task(client.post(LOAD))
+        await until(lambda: control(client).states.get("vit-digits", {}).get(2) is not None, "version 2 loading")
+        states = {e["version"]: e["state"] for e in (await client.post(INDEX)).json()}
+        assert states == {"1": "READY", "2": "LOADING"}
+        answers = await asyncio.gather(*(classify(client) for _ in range(4)))  # served meanwhile, by version 1
+        assert [(a.status_code, a.json()["version"]) for a in answers] == [(200, "1")] * 4
+        assert (await client.get("/readyz")).status_code == 200
+        assert not loading.done()
+        proceed.set()
+        assert (await loading).status_code == 200
+        assert (await classify(client)).json()["version"] == "2"

@@ -1,0 +1,419 @@
+"""The Open Inference Protocol (KServe v2) in process: metadata, JSON and binary tensors, errors."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import struct
+import zlib
+
+import numpy as np
+import orjson
+import pytest
+
+from service.runtime.manifest import load_manifest
+from service.tasks.classification import classify
+from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
+from tests.service.helpers import INFER, digit_tensor, json_request
+
+pytestmark = pytest.mark.anyio
+
+
+DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
+
+
+MANIFEST = load_manifest(MODEL_REPOSITORY / "vit-digits" / "1" / "model.json")
+
+
+def binary_request(x: np.ndarray, document: dict | None = None) -> tuple[bytes, dict[str, str]]:
+    """A binary-tensor body: the JSON header, then x's little-endian bytes."""
+    raw = x.astype("<f4").tobytes()
+    document = document or {}
+    document.setdefault(
+        "inputs",
+        [
+            {
+                "name": "pixel_values",
+                "shape": list(x.shape),
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": len(raw)},
+            }
+        ],
+    )
+    header = orjson.dumps(document)
+    return header + raw, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def read_binary_response(response) -> dict[str, np.ndarray]:
+    """Split a binary response as the protocol says: JSON of the header's length, then tensors in order."""
+    length = int(response.headers["inference-header-content-length"])
+    document = orjson.loads(response.content[:length])
+    offset, tensors = length, {}
+    for output in document["outputs"]:
+        size = output["parameters"]["binary_data_size"]
+        chunk = response.content[offset : offset + size]
+        tensors[output["name"]] = np.frombuffer(chunk, "<f4").reshape(output["shape"])
+        offset += size
+    assert offset == len(response.content)
+    return tensors
+
+
+def assert_error(response, status: int, part: str = "") -> str:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert set(body) == {"error"} and part in body["error"], body
+    return body["error"]
+
+
+async def test_health_and_server_metadata() -> None:
+    async with running_app() as client:
+        live = await client.get("/v2/health/live")
+        ready = await client.get("/v2/health/ready")
+        meta = await client.get("/v2")
+        head = await client.head("/v2/health/ready")
+    assert live.status_code == 200 and ready.status_code == 200 and head.status_code == 200
+    assert meta.json() == {
+        "name": "patchserve",
+        "version": "0.1.0",
+        "extensions": ["binary_tensor_data", "classification", "model_configuration", "model_repository"],
+    }
+
+
+async def test_model_metadata_ready_and_config() -> None:
+    async with running_app(max_batch_size=4, max_queue_delay=0.005) as client:
+        meta = (await client.get("/v2/models/vit-digits")).json()
+        by_version = (await client.get("/v2/models/vit-digits/versions/1")).json()
+        ready = await client.get("/v2/models/vit-digits/versions/1/ready")
+        config = (await client.get("/v2/models/vit-digits/config")).json()
+    assert (
+        meta
+        == by_version
+        == {
+            "name": "vit-digits",
+            "versions": ["1"],
+            "platform": "onnxruntime_onnx",
+            "inputs": [{"name": "pixel_values", "datatype": "FP32", "shape": [-1, 1, 8, 8]}],
+            "outputs": [
+                {"name": "logits", "datatype": "FP32", "shape": [-1, 10]},
+                {"name": "embedding", "datatype": "FP32", "shape": [-1, 32]},  # issue 16: vit-digits embeds
+            ],
+        }
+    )
+    assert ready.status_code == 200 and ready.json()["ready"] is True
+    # max_batch_size: what one request may carry (max_images_per_request); the batcher's own choice
+    # (issue 15 G) is dynamic_batching's preferred_batch_size.
+    assert config["max_batch_size"] == 32 and config["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert config["dynamic_batching"]["max_queue_delay_microseconds"] == 5000
+    assert config["input"] == [
+        {"name": "pixel_values", "data_type": "TYPE_FP32", "format": "FORMAT_NCHW", "dims": [1, 8, 8]}
+    ]
+    assert config["output"] == [
+        {"name": "logits", "data_type": "TYPE_FP32", "dims": [10]},
+        {"name": "embedding", "data_type": "TYPE_FP32", "dims": [32]},
+    ]
+
+
+async def test_json_infer_equals_v1_classify_on_the_same_tensor() -> None:
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        v1 = (
+            await client.post("/v1/models/vit-digits/classify", files={"image": DIGIT_7}, params={"top_k": 10})
+        ).json()
+        response = await client.post(INFER, json=json_request(x, id="req-1"))
+    assert response.status_code == 200 and response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body["model_name"] == "vit-digits" and body["model_version"] == "1" and body["id"] == "req-1"
+    assert [o["name"] for o in body["outputs"]] == ["logits", "embedding"]  # every output unless some are asked for
+    output = body["outputs"][0]
+    assert output["name"] == "logits" and output["datatype"] == "FP32" and output["shape"] == [1, 10]
+    logits = np.asarray(output["data"], np.float32).reshape(1, 10)
+    predictions = classify(logits[0], MANIFEST.labels, 10)
+    assert [p["class_id"] for p in predictions] == [p["class_id"] for p in v1["predictions"]]
+    assert predictions[0]["label"] == "7"
+    np.testing.assert_allclose([p["score"] for p in predictions], [p["score"] for p in v1["predictions"]], atol=1e-6)
+
+
+async def test_binary_infer_equals_json_and_rows_equal_single_requests() -> None:
+    blank = png_bytes(np.zeros((8, 8), np.uint8))
+    x = digit_tensor(DIGIT_7, blank, DIGIT_7)
+    async with running_app() as client:
+        as_json = (await client.post(INFER, json=json_request(x))).json()
+        body, headers = binary_request(x, {"parameters": {"binary_data_output": True}})
+        binary = await client.post(INFER, content=body, headers=headers)
+        singles = [(await client.post(INFER, json=json_request(x[i : i + 1]))).json() for i in range(3)]
+    assert binary.status_code == 200 and binary.headers["content-type"] == "application/octet-stream"
+    logits = read_binary_response(binary)["logits"]
+    json_logits = np.asarray(as_json["outputs"][0]["data"], np.float32).reshape(3, 10)
+    np.testing.assert_array_equal(logits, json_logits)  # float32 survives JSON exactly
+    single_logits = np.concatenate([np.asarray(s["outputs"][0]["data"], np.float32)[None] for s in singles])
+    np.testing.assert_allclose(logits, single_logits, atol=1e-5)
+    np.testing.assert_array_equal(logits[0], logits[2])
+    assert np.argmax(logits[0]) == 7
+
+
+async def test_per_output_binary_flag_and_gzip_request_body() -> None:
+    x = digit_tensor(DIGIT_7)
+    body, headers = binary_request(x, {"outputs": [{"name": "logits", "parameters": {"binary_data": False}}]})
+    async with running_app() as client:
+        json_out = await client.post(INFER, content=body, headers=headers)  # binary in, JSON out
+        gzipped = await client.post(INFER, content=gzip.compress(body), headers={**headers, "Content-Encoding": "gzip"})
+        deflated = await client.post(
+            INFER,
+            content=zlib.compress(orjson.dumps(json_request(x, outputs=[{"name": "logits"}]))),
+            headers={"Content-Encoding": "deflate"},
+        )
+    assert json_out.headers["content-type"] == "application/json"
+    assert "inference-header-content-length" not in json_out.headers
+    assert gzipped.json() == deflated.json() == json_out.json()
+
+
+async def test_classification_extension_returns_top_k_as_bytes() -> None:
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        raw = (await client.post(INFER, json=json_request(x))).json()["outputs"][0]["data"]
+        response = await client.post(
+            INFER, json=json_request(x, outputs=[{"name": "logits", "parameters": {"classification": 3}}])
+        )
+        body, headers = binary_request(
+            x, {"outputs": [{"name": "logits", "parameters": {"classification": 2, "binary_data": True}}]}
+        )
+        binary = await client.post(INFER, content=body, headers=headers)
+    (output,) = response.json()["outputs"]
+    assert output["datatype"] == "BYTES" and output["shape"] == [1, 3]
+    order = np.argsort(-np.asarray(raw), kind="stable")[:3]
+    assert output["data"] == [f"{raw[i]:f}:{i}:{MANIFEST.labels[i]}" for i in order]
+    assert output["data"][0].split(":")[1:] == ["7", "7"]
+    length = int(binary.headers["inference-header-content-length"])
+    data = binary.content[length:]
+    elements = []
+    while data:
+        (n,) = struct.unpack("<I", data[:4])
+        elements.append(data[4 : 4 + n].decode())
+        data = data[4 + n :]
+    assert elements == output["data"][:2]
+
+
+async def test_bad_requests_are_protocol_errors_never_500() -> None:
+    x = digit_tensor(DIGIT_7)
+    good = json_request(x)
+
+    def with_input(**changes: object) -> dict:
+        return {"inputs": [{**good["inputs"][0], **changes}]}
+
+    async with running_app(max_images_per_request=4, max_body_bytes=64 * 1024) as client:
+        post = client.post
+        assert_error(await post("/v2/models/nope/infer", json=good), 404, "nope")
+        assert_error(await post("/v2/models/vit-digits/versions/9/infer", json=good), 404, "version")
+        assert_error(await post(INFER, content=b"{not json"), 400, "not valid JSON")
+        assert_error(await post(INFER, content=b""), 400)
+        assert_error(await post(INFER, json=[1, 2]), 400, "object")
+        assert_error(await post(INFER, json={"inputs": []}), 400, "inputs")
+        assert_error(await post(INFER, json=with_input(name="image")), 400, "'pixel_values'")
+        assert_error(await post(INFER, json=with_input(datatype="FP64")), 400, "FP32")
+        assert_error(await post(INFER, json=with_input(datatype="BYTES")), 400, "BYTES")
+        assert_error(await post(INFER, json=with_input(datatype="FLOAT")), 400, "datatype")
+        assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, 9], data=[0.0] * 72)), 400, "[-1, 1, 8, 8]")
+        assert_error(await post(INFER, json=with_input(shape=[1, 64])), 400, "shape")
+        assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, -8])), 400, "non-negative")
+        assert_error(await post(INFER, json=with_input(shape=[2, 1, 8, 8])), 400, "64 elements")
+        assert_error(await post(INFER, json=with_input(data=["a"] * 64)), 400, "FP32")
+        assert_error(await post(INFER, json=with_input(data=[[1.0], [1.0, 2.0]])), 400)
+        zeros = np.zeros((0, 1, 8, 8), np.float32)
+        assert_error(await post(INFER, json=json_request(zeros)), 400, "batch size")
+        five = np.zeros((5, 1, 8, 8), np.float32)
+        assert_error(await post(INFER, json=json_request(five)), 400, "between 1 and 4")
+        unknown_output = {**good, "outputs": [{"name": "boxes"}]}
+        assert_error(await post(INFER, json=unknown_output), 400, "no output 'boxes'")
+        shm = with_input(parameters={"shared_memory_region": "r", "shared_memory_byte_size": 256})
+        assert_error(await post(INFER, json=shm), 400, "shared-memory")
+
+        body, headers = binary_request(x)
+        assert_error(await post(INFER, content=body[:-4], headers=headers), 400, "ends before")
+        assert_error(await post(INFER, content=body + b"\0" * 4, headers=headers), 400, "unclaimed")
+        assert_error(await post(INFER, content=body, headers={"Inference-Header-Content-Length": "-3"}), 400)
+        too_long = {"Inference-Header-Content-Length": str(len(body) + 1)}
+        assert_error(await post(INFER, content=body, headers=too_long), 400, "Inference-Header-Content-Length")
+        assert_error(await post(INFER, content=body, headers={**headers, "Content-Encoding": "br"}), 415, "br")
+        assert_error(await post(INFER, content=b"\x1f\x8b junk", headers={"Content-Encoding": "gzip"}), 400)
+        bomb = gzip.compress(b" " * (1024 * 1024))
+        assert_error(await post(INFER, content=bomb, headers={"Content-Encoding": "gzip"}), 413)
+        assert_error(await post(INFER, content=b"\0" * (65 * 1024)), 413)
+        assert_error(await client.get("/v2/models/vit-digits/infer"), 405, "use POST")
+        assert_error(await client.get("/v2/models/nope/ready"), 404)
+        assert_error(await client.get("/v2/models/nope/config"), 404)
+        assert_error(await client.get("/v2/repository/index"), 404)
+
+
+async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> None:
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        # Triton's request-level timeout, in microseconds: 1 us has passed before the row is queued.
+        expired = await client.post(INFER, json=json_request(x, parameters={"timeout": 1}))
+        generous = await client.post(INFER, json=json_request(x, parameters={"timeout": 10_000_000}))
+        by_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "0.000001"})
+        bad = await client.post(INFER, json=json_request(x, parameters={"timeout": -5}))
+        bad_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "soon"})
+        metrics = (await client.get("/metrics")).text
+    assert_error(expired, 504, "deadline")
+    assert generous.status_code == 200
+    assert_error(by_header, 504, "deadline")
+    assert_error(bad, 400, "timeout")
+    assert_error(bad_header, 400)
+    assert 'patchserve_requests_total{model="vit-digits",outcome="timeout",version="1"}' in metrics
+
+
+async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
+    from service.http.app import create_app
+    from tests.conftest import make_settings
+
+    app = create_app(make_settings())
+    import httpx
+
+    transport = httpx.ASGITransport(app=app)  # no lifespan: the models are never loaded
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+        assert (await client.get("/v2/health/live")).status_code == 200
+        assert_error(await client.get("/v2/health/ready"), 400, "loading")
+        assert_error(await client.get("/v2/models/vit-digits/ready"), 400, "loading")
+        response = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7)))
+    assert_error(response, 503, "loading")
+    assert response.headers["retry-after"]
+
+
+async def test_probes_pass_a_full_worker_and_a_late_body_is_a_protocol_408() -> None:
+    from tests.service.helpers import HeldRequest, until
+
+    async with running_app(max_in_flight=1, body_timeout=1.0) as client:
+        held = HeldRequest(client.app, INFER)  # its body never comes: it holds the only slot until its 408
+        await until(lambda: held.body_reads >= 1)
+        refused = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7)))
+        probes = [await client.get(p) for p in ("/v2/health/live", "/v2/health/ready")]
+        still_held = not held.task.done()
+        await asyncio.wait_for(held.task, 10)
+    assert still_held and refused.status_code == 503
+    assert [r.status_code for r in probes] == [200, 200]
+    assert held.status == 408 and held.headers["connection"] == "close"
+    assert held.headers["content-type"] == "application/json" and "PATCHSERVE_BODY_TIMEOUT" in held.body["error"]
+
+
+async def test_a_batch_is_admitted_whole_or_refused_and_probes_need_no_key() -> None:
+    x = digit_tensor(DIGIT_7, DIGIT_7, DIGIT_7)
+    async with running_app(queue_size=2) as client:
+        refused = await client.post(INFER, json=json_request(x))
+        fits = await client.post(INFER, json=json_request(x[:2]))
+    assert_error(refused, 503, "room for 2 row(s), it has 3")
+    assert refused.headers["retry-after"] and fits.status_code == 200
+    async with running_app(api_keys=["k-1"]) as client:
+        probes = [(await client.get(p)).status_code for p in ("/v2/health/live", "/v2/health/ready")]
+        metadata = await client.get("/v2/models/vit-digits")
+        with_key = await client.get("/v2/models/vit-digits", headers={"Authorization": "Bearer k-1"})
+    assert probes == [200, 200] and metadata.status_code == 401 and with_key.status_code == 200
+
+
+async def test_a_huge_version_is_a_404_and_never_reaches_int() -> None:
+    # Issue 15 D: int() refuses 4,300 digits and more (CVE-2020-10735); a version has at most 9.
+    huge = "1" * 5000
+    x = digit_tensor(DIGIT_7)
+    async with running_app() as client:
+        for path in ("", "/ready", "/config"):
+            assert_error(await client.get(f"/v2/models/vit-digits/versions/{huge}{path}"), 404, "no version")
+        infer = await client.post(f"/v2/models/vit-digits/versions/{huge}/infer", json=json_request(x))
+        v1 = await client.post("/v1/models/vit-digits/classify", params={"version": huge}, files={"image": DIGIT_7})
+        ten_digits = await client.get("/v2/models/vit-digits/versions/0000000001")
+        nine_digits = await client.get("/v2/models/vit-digits/versions/000000001")
+    assert_error(infer, 404, "5000 characters")
+    assert v1.status_code == 422  # /v1's query pattern, as before
+    assert ten_digits.status_code == 404 and nine_digits.status_code == 200
+
+
+async def test_a_huge_version_is_a_503_when_admission_refuses_it() -> None:
+    from tests.service.helpers import HeldRequest, until
+
+    huge = "1" * 5000
+    async with running_app(max_in_flight=1, body_timeout=5.0) as client:
+        held = HeldRequest(client.app, INFER)
+        await until(lambda: held.body_reads >= 1)
+        v1 = await client.post("/v1/models/vit-digits/classify", params={"version": huge}, files={"image": DIGIT_7})
+        v2 = await client.post(f"/v2/models/vit-digits/versions/{huge}/infer", json={})
+        held.release()
+        await asyncio.wait_for(held.task, 10)
+    assert v1.status_code == 503 and v1.headers["content-type"] == "application/problem+json"
+    assert_error(v2, 503, "PATCHSERVE_MAX_IN_FLIGHT")  # the protocol's error, which tritonclient reads
+
+
+@pytest.mark.parametrize("binary", [False, True])
+async def test_a_zero_element_tensor_with_huge_dimensions_is_a_400(binary: bool) -> None:
+    # Issue 15 E: numpy cannot represent shape [0, 2**63] ("Maximum allowed dimension exceeded").
+    shapes = ([0, 2**63 - 1], [0, 2**62, 2**62], [0, 1, 2**40, 8], [1] * 65)
+    async with running_app() as client:
+        for shape in shapes:
+            entry = {"name": "pixel_values", "shape": shape, "datatype": "FP32"}
+            if binary:
+                header = orjson.dumps({"inputs": [{**entry, "parameters": {"binary_data_size": 0}}]})
+                response = await client.post(
+                    INFER, content=header, headers={"Inference-Header-Content-Length": str(len(header))}
+                )
+            else:
+                response = await client.post(INFER, json={"inputs": [{**entry, "data": []}]})
+            assert_error(response, 400, "pixel_values")
+        long_header = await client.post(INFER, content=b"{}", headers={"Inference-Header-Content-Length": "9" * 5000})
+        superscript_two = {"Inference-Header-Content-Length": "\u00b2".encode("latin-1")}  # isdigit(), not int()
+        digit_header = await client.post(INFER, content=b"{}", headers=superscript_two)
+    assert_error(long_header, 400, "Inference-Header-Content-Length")
+    assert_error(digit_header, 400, "Inference-Header-Content-Length")
+
+
+async def test_non_finite_inputs_are_run_as_triton_runs_them_and_json_stays_valid() -> None:
+    # Issue 15 G: perf_analyzer's default data is random bytes (NaN, inf in FP32); Triton runs them.
+    x = digit_tensor(DIGIT_7, DIGIT_7)
+    x[0, 0, 0, 0], x[0, 0, 0, 1] = np.nan, np.inf
+    async with running_app() as client:
+        body, headers = binary_request(x, {"parameters": {"binary_data_output": True}})
+        as_binary = await client.post(INFER, content=body, headers=headers)
+        clean = await client.post(INFER, json=json_request(x[1:]))
+    assert as_binary.status_code == 200, as_binary.text
+    logits = read_binary_response(as_binary)["logits"]
+    assert np.isnan(logits[0]).all()  # NaN spreads through the row's attention...
+    expected = np.asarray(clean.json()["outputs"][0]["data"], np.float32)
+    np.testing.assert_allclose(logits[1], expected, rtol=1e-5, atol=1e-5)  # ...and never to its batch mate
+    async with running_app() as client:
+        nan_json = await client.post(
+            INFER,
+            content=b'{"inputs": [{"name": "pixel_values", "shape": [1, 1, 8, 8], "datatype": "FP32", '
+            b'"data": [1e39' + b", 0.5" * 63 + b"]}]}",
+        )
+    assert nan_json.status_code == 200 and nan_json.headers["content-type"] == "application/json"
+    data = orjson.loads(nan_json.content)["outputs"][0]["data"]  # valid JSON: NaN is written as null
+    assert data == [None] * 10
+
+
+async def test_v2_405_404_401_are_protocol_errors_with_the_right_allow() -> None:
+    # Issue 15 G: tritonclient reads {"error": ...}; problem+json made it report "'error'".
+    async with running_app(api_keys=["k-1"]) as client:
+        unauthorized = await client.get("/v2/models/vit-digits")
+        key = {"Authorization": "Bearer k-1"}
+        options = await client.options("/v2/health/live", headers=key)
+        put = await client.put("/v2/health/live", headers=key)
+        post_meta = await client.post("/v2", headers=key)
+        get_infer = await client.get(INFER, headers=key)
+        nowhere = await client.put("/v2/nowhere", headers=key)
+        v1_put = await client.put("/v1/models", headers=key)
+    assert_error(unauthorized, 401, "API key")
+    assert unauthorized.headers["www-authenticate"] == "Bearer"
+    for response, allow in ((options, "GET, HEAD"), (put, "GET, HEAD"), (post_meta, "GET"), (get_infer, "POST")):
+        assert_error(response, 405, "not allowed")
+        assert response.headers["allow"] == allow
+    assert_error(nowhere, 404, "no such endpoint")
+    assert v1_put.status_code == 405 and v1_put.headers["content-type"] == "application/problem+json"
+
+
+async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> None:
+    x = digit_tensor(*[DIGIT_7] * 5)
+    async with running_app(instances=2, max_batch_size=2, max_images_per_request=5) as client:
+        config = (await client.get("/v2/models/vit-digits/config")).json()
+        five = await client.post(INFER, json=json_request(x))
+        six = await client.post(INFER, json=json_request(np.concatenate([x, x[:1]])))
+    assert config["instance_group"][0]["count"] == 2
+    assert config["max_batch_size"] == 5 and config["dynamic_batching"]["preferred_batch_size"] == [2]
+    assert five.status_code == 200 and five.json()["outputs"][0]["shape"] == [5, 10]
+    assert_error(six, 400, "between 1 and 5")
