@@ -3,7 +3,7 @@
 Each task's own result schema lives with the task (``service.tasks``, ``Task.result_schema``).
 
 Every status a route can answer is declared with its media type, so the document can be
-checked against the server (``tests/service/test_openapi.py`` runs schemathesis on it).
+checked against the server (``tests/service/http/test_openapi.py`` runs schemathesis on it).
 """
 
 from __future__ import annotations
