@@ -59,7 +59,7 @@ _EMBEDDING = {
 }
 
 
-class Embedding(BaseTask):
+class Embedding(BaseTask[EmbedParams]):
     """Image embeddings (:func:`embed`), served by any model that exports an ``embedding`` output."""
 
     name = "embedding"
