@@ -3,7 +3,7 @@
 #   make test         training + hf + dev environment (torch 2.13.0 first), the tools, then make lint's checks, then the whole suite, every marker
 #   make test-fast    the fast subset (no slow or docker tests): a plain pytest
 #   make lint         ruff check ., ruff format --check . (Python files only) and mypy ([tool.mypy] in pyproject.toml)
-#   make typecheck    mypy alone: service/ at --strict's flags ([tool.mypy] in pyproject.toml)
+#   make typecheck    mypy alone: service/ at --strict's flags, export/ and models/ fully annotated ([tool.mypy] in pyproject.toml)
 #   make tools        Debian's prometheus (promtool) and chromium (chromedriver) for the operation tests (installed as root, else named)
 #   make models       retrain and re-export every committed model, in this order (the six targets below)
 #   make model-vit-digits   train the digits ViT (runs/vit-digits), export model_repository/vit-digits/1
@@ -167,7 +167,7 @@ gpu-kit: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m bench.gpu_kit build --target cp312-gpu
 
 # The style and type checks of make test, without the suite. mypy reads its scope and flags from
-# [tool.mypy] in pyproject.toml (the server, service/; tests/ is not type-checked).
+# [tool.mypy] in pyproject.toml (service/, export/, models/; tests/ is not type-checked).
 lint: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/ruff format --check .
