@@ -1,8 +1,9 @@
 # patchserve: each target sets up what it needs on a fresh machine. Every target a user calls:
 #   make serve        serving environment only (no torch), then the server on $PATCHSERVE_HOST:$PATCHSERVE_PORT; ORT=gpu: onnxruntime-gpu
-#   make test         training + hf + dev environment (torch 2.13.0 first), the tools, then ruff and the whole suite, every marker
+#   make test         training + hf + dev environment (torch 2.13.0 first), the tools, then make lint's checks, then the whole suite, every marker
 #   make test-fast    the fast subset (no slow or docker tests): a plain pytest
-#   make lint         ruff check and ruff format --check
+#   make lint         ruff check ., ruff format --check . (Python files only) and mypy ([tool.mypy] in pyproject.toml)
+#   make typecheck    mypy alone: service/ at --strict's flags, export/ and models/ fully annotated ([tool.mypy] in pyproject.toml)
 #   make tools        Debian's prometheus (promtool) and chromium (chromedriver) for the operation tests (installed as root, else named)
 #   make models       retrain and re-export every committed model, in this order (the six targets below)
 #   make model-vit-digits   train the digits ViT (runs/vit-digits), export model_repository/vit-digits/1
@@ -18,7 +19,7 @@
 #   make bench-detectors  one end-to-end run per DETR-family preset (bench/hf_detectors.py, docs/detectors.md)
 #   make bench-tools  wrk, the benchmarks' load generator (Debian's package), when missing and we may
 #   make gpu-kit      the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
-#   make clean        remove .venv-serve, .venv, runs/, .pytest_cache, bench/.work, .venv-gpu-bench and .gpu-kit
+#   make clean        remove .venv-serve, .venv, runs/, .pytest_cache, .mypy_cache, bench/.work, .venv-gpu-bench and .gpu-kit
 # and the files the targets above build, for one step alone:
 #   make .venv/.installed             the dev environment only (torch 2.13.0, then .[cpu,train,hf,dev,heic,otel])
 #   make .venv-serve/.installed-cpu   the serving environment only (.venv-serve/.installed-gpu: with onnxruntime-gpu)
@@ -31,7 +32,7 @@ DEV_VENV := .venv
 ORT ?= cpu
 PIP_QUIET ?= -q
 
-.PHONY: serve test test-fast models lint clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing bench-detectors \
+.PHONY: serve test test-fast models lint typecheck clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing bench-detectors \
 	$(MODEL_TARGETS)
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
@@ -83,6 +84,8 @@ tools:
 # (.ci/run starts one); the compose files are checked with the docker CLI alone.
 test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu-otel tools
 	$(DEV_VENV)/bin/ruff check .
+	$(DEV_VENV)/bin/ruff format --check .
+	$(DEV_VENV)/bin/mypy
 	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider
 
 # The fast subset (no slow or docker tests).
@@ -163,12 +166,18 @@ profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 gpu-kit: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m bench.gpu_kit build --target cp312-gpu
 
+# The style and type checks of make test, without the suite. mypy reads its scope and flags from
+# [tool.mypy] in pyproject.toml (service/, export/, models/; tests/ is not type-checked).
 lint: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/ruff format --check .
+	$(DEV_VENV)/bin/mypy
+
+typecheck: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/mypy
 
 clean:
-	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache bench/.work .venv-gpu-bench .gpu-kit
+	rm -rf $(SERVE_VENV) $(DEV_VENV) runs .pytest_cache .mypy_cache bench/.work .venv-gpu-bench .gpu-kit
 
 # Import random-weight versions of three hub checkpoints (configs as published, weights seeded;
 # nothing is downloaded) and print the parity each import measured: the figures of docs/models.md.

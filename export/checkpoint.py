@@ -3,31 +3,30 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from export import evaluate
 from export.onnx_export import export_info, export_onnx, parity
 from models.cnn import CNN, CNNConfig
-from models.datasets import load_digits_splits
+from models.datasets import Split, load_digits_splits
 from models.vit import ViT, ViTConfig
 from service.imaging.preprocess import Preprocessor
+from service.imaging.spec import Preprocessing, Size
 from service.runtime.manifest import (
     SCHEMA_VERSION,
     AttentionSpec,
     Manifest,
-    Preprocessing,
     Provenance,
-    Size,
     TensorSpec,
     write_manifest,
 )
 from service.tasks import classification
 
 
-def _test_split(dataset: str):
+def _test_split(dataset: str) -> Split:
     if dataset == "digits":
         return load_digits_splits()[1]
     if dataset == "cifar10":
@@ -53,7 +52,8 @@ class ForServing(ViT):
         self.load_state_dict(vit.state_dict())
         self.attention = attention
 
-    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    # The graph's forward: images only (what torch.onnx traces), not ViT's training-time options.
+    def forward(self, images: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
         tokens, attentions = self.features(images, self.attention)
         logits, pooled = self.logits(tokens), self.pool(tokens)
         if self.attention:
@@ -61,9 +61,10 @@ class ForServing(ViT):
         return logits, pooled
 
 
-def _model(checkpoint: dict) -> nn.Module:
+def _model(checkpoint: dict[str, Any]) -> ViT | CNN:
+    model: ViT | CNN
     if checkpoint["architecture"] in ("vit", "deit"):
-        model: nn.Module = ViT(ViTConfig(**checkpoint["config"]))
+        model = ViT(ViTConfig(**checkpoint["config"]))
     elif checkpoint["architecture"] == "cnn":
         model = CNN(CNNConfig(**checkpoint["config"]))
     else:
@@ -72,7 +73,7 @@ def _model(checkpoint: dict) -> nn.Module:
     return model.eval()
 
 
-def _description(model: nn.Module, dataset: str) -> str:
+def _description(model: ViT | CNN, dataset: str) -> str:
     if isinstance(model, CNN):
         return f"CNN ({len(model.config.channels)} conv layers, {model.config.channels[-1]} wide) trained on {dataset}"
     c = model.config
@@ -111,7 +112,7 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
     model = _model(checkpoint)
     vit = isinstance(model, ViT)
     attention = attention and vit
-    graph = ForServing(model, attention).eval() if vit else model
+    graph = ForServing(model, attention).eval() if isinstance(model, ViT) else model
     outputs = ("logits", "embedding", "attentions")[: 1 + vit + attention]
     roles = {"logits": "logits", **({"embedding": "embedding"} if vit else {})}
 
@@ -125,6 +126,13 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
     onnx_accuracy = evaluate.accuracy(path, preprocessing, test)
 
     c, h, w = preprocess.output_shape
+    attention_spec = None
+    if attention and isinstance(model, ViT):  # attention is only ever asked of a ViT (above)
+        attention_spec = AttentionSpec(
+            output="attentions",
+            grid=Size(height=h // model.config.patch_size, width=w // model.config.patch_size),
+            prefix_tokens=["class", "distillation"] if model.config.distillation else ["class"],
+        )
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
         task=classification.TASK.name,
@@ -151,13 +159,7 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
             export=export_info(opset, diffs),
             notes=f"trained on {checkpoint['metrics']['device']}" if "device" in checkpoint["metrics"] else "",
         ),
-        attention=AttentionSpec(
-            output="attentions",
-            grid=Size(height=h // model.config.patch_size, width=w // model.config.patch_size),
-            prefix_tokens=["class", "distillation"] if model.config.distillation else ["class"],
-        )
-        if attention
-        else None,
+        attention=attention_spec,
     )
     write_manifest(manifest, out / "model.json")
     return manifest

@@ -18,16 +18,17 @@ import torch
 
 from export.onnx_export import export_info, export_onnx, parity
 from models.detection_data import load_split, to_coco
-from models.detection_eval import coco_ap, detect_images
+from models.detection_eval import RunFn, coco_ap, detect_images
 from models.detr import DETR, DETRForExport, config_from_dict
 from service.imaging.preprocess import Preprocessor
-from service.runtime.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+from service.imaging.spec import Preprocessing
+from service.runtime.manifest import SCHEMA_VERSION, Manifest, Provenance, TensorSpec, write_manifest
 from service.tasks import detection
 
 OUTPUT_NAMES = ("pred_logits", "pred_boxes")
 
 
-def onnx_runner(path: Path):
+def onnx_runner(path: Path) -> RunFn:
     """The graph at ``path`` as a :data:`models.detection_eval.RunFn` (ONNX Runtime, CPU)."""
     import onnxruntime as ort
 

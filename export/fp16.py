@@ -23,6 +23,7 @@ import warnings
 import zipfile
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,13 +31,16 @@ from service.imaging.preprocess import Preprocessor
 from service.pipeline.inference import decode_and_preprocess
 from service.runtime.manifest import load_manifest, write_manifest
 
+if TYPE_CHECKING:
+    import onnx
+
 log = logging.getLogger(__name__)
 
 KEEP_FP32 = ("LayerNormalization", "Softmax")
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 
 
-def _own_output_tensors(model) -> None:
+def _own_output_tensors(model: onnx.ModelProto) -> None:
     """Give every graph output that a node also reads (a ViT's ``embedding``, the head's input) its own tensor.
 
     The converter casts such an output back to float32 under the output's name, and the nodes that

@@ -39,7 +39,7 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -48,18 +48,20 @@ from torch import nn
 
 from export.onnx_export import export_info, export_onnx, parity
 from service.imaging.preprocess import Preprocessor
+from service.imaging.spec import Preprocessing, Size
 from service.runtime.manifest import (
     SCHEMA_VERSION,
     AttentionSpec,
     ClassMapSpec,
     Manifest,
-    Preprocessing,
     Provenance,
-    Size,
     TensorSpec,
     write_manifest,
 )
 from service.tasks import classification, detection
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +213,7 @@ class _Classifier(nn.Module):
     (ViT, DeiT; the distilled DeiT's class-token head too). ``attentions``: :func:`fused_attentions`.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
         self.layernorm = getattr(model, model.base_model_prefix).layernorm
@@ -225,7 +227,7 @@ class _Classifier(nn.Module):
 class _Detector(nn.Module):
     """(B, 3, H, W) pixel values -> (pred_logits (B, Q, num_labels + 1), pred_boxes (B, Q, 4) cxcywh in [0, 1])."""
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.model = model
 
@@ -256,7 +258,7 @@ class _Head:
     """
 
     task: str
-    wrapper: Callable[[nn.Module], nn.Module]
+    wrapper: Callable[[PreTrainedModel], nn.Module]
     outputs: tuple[str, ...]
     roles: dict[str, str]
     default_size: dict[str, int]
@@ -269,7 +271,7 @@ class _Head:
     note: Callable[[dict[str, Any]], str] | None = None
     task_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     check: Callable[[dict[str, Any], Path], None] | None = None
-    exporting: Callable[[nn.Module], AbstractContextManager[Any]] | None = None
+    exporting: Callable[[PreTrainedModel], AbstractContextManager[Any]] | None = None
 
 
 def register(architecture: str, head: _Head) -> None:
@@ -340,7 +342,7 @@ def _parity_batches(preprocess: Preprocessor) -> list[torch.Tensor]:
     return [torch.from_numpy(np.stack(images[:1])), torch.from_numpy(np.stack(images))]
 
 
-def load_model(folder: Path, architecture: str, *, eager: bool = False) -> nn.Module:
+def load_model(folder: Path, architecture: str, *, eager: bool = False) -> PreTrainedModel:
     """The checkpoint as its transformers class, in eval mode, from local files only.
 
     ``eager``: transformers' eager attention, the implementation that returns the attention

@@ -46,13 +46,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from export.hf import _CLASSIFIER, REFUSED, fused_attentions, register
 from export.hf_presets import _IMAGENET, _TINY, IMAGENET_MEAN, IMAGENET_STD, PRESETS, _labels
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _NO_WINDOW_ROLLOUT = (
     "Swin attends within shifted local windows and has no class token, so attention rollout has no "
@@ -84,9 +87,10 @@ class _ClassMaps(nn.Module):
     mapping). Swin and Swinv2, whose windowed attention has no rollout, draw it for ``render=png``.
     """
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         super().__init__()
         self.backbone = getattr(model, model.base_model_prefix)
+        assert isinstance(model.classifier, nn.Module)  # the checkpoint's linear head
         self.classifier = model.classifier
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -112,9 +116,10 @@ class _Pooled(nn.Module):
     model is checked at export and in tests/export/test_hf_backbones.py).
     """
 
-    def __init__(self, model: nn.Module, pool: Callable[[Any], torch.Tensor], attentions: bool) -> None:
+    def __init__(self, model: PreTrainedModel, pool: Callable[[Any], torch.Tensor], attentions: bool) -> None:
         super().__init__()
         self.backbone = getattr(model, model.base_model_prefix)
+        assert isinstance(model.classifier, nn.Module)  # the checkpoint's linear head
         self.classifier = model.classifier
         self.pool, self.attentions = pool, attentions
 
@@ -130,7 +135,7 @@ def _registers(config: dict[str, Any]) -> int:
     return int(config.get("num_register_tokens", 0))
 
 
-def _wrap_dinov2(model: nn.Module) -> nn.Module:
+def _wrap_dinov2(model: PreTrainedModel) -> nn.Module:
     return _Pooled(model, _dinov2_pool(1 + int(getattr(model.config, "num_register_tokens", 0))), attentions=True)
 
 

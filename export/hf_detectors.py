@@ -47,14 +47,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 from export.hf import ImportRefused, _Detector, _Head, register
 from service.tasks import detection
 from service.tasks.detection_scores import RULES, SigmoidTopK, SoftmaxNoObject
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 # The processors' own defaults when preprocessor_config.json leaves ``size`` out (transformers 5.24).
 _SHORTEST_800 = {"shortest_edge": 800, "longest_edge": 1333}
@@ -169,7 +171,7 @@ def _symbolic_len(value: Any) -> Any:
 
 
 @contextmanager
-def exporting(model: nn.Module) -> Iterator[None]:
+def exporting(model: PreTrainedModel) -> Iterator[None]:
     """Run the ONNX export of ``model`` with the two work-arounds of this module's docstring, then undo them."""
     modules = {
         sys.modules[type(m).__module__] for m in model.modules() if type(m).__module__.startswith("transformers.")
@@ -177,12 +179,12 @@ def exporting(model: nn.Module) -> Iterator[None]:
     previous = os.environ.get("TRANSFORMERS_DISABLE_TORCH_CHECK")
     os.environ["TRANSFORMERS_DISABLE_TORCH_CHECK"] = "1"
     for module in modules:
-        module.len = _symbolic_len  # a module global shadows the builtin in that module's functions
+        vars(module)["len"] = _symbolic_len  # a module global shadows the builtin in that module's functions
     try:
         yield
     finally:
         for module in modules:
-            del module.len
+            del vars(module)["len"]
         if previous is None:
             os.environ.pop("TRANSFORMERS_DISABLE_TORCH_CHECK", None)
         else:

@@ -70,6 +70,7 @@ def export_onnx(
             opset_version=opset,
             external_data=False,
         )
+    assert program is not None  # the dynamo exporter returns its ONNXProgram
     program.save(str(path), external_data=False)
     onnx.checker.check_model(str(path), full_check=True)
     log.info("exported %s (%.1f MB)", path, path.stat().st_size / 1e6)

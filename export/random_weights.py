@@ -19,7 +19,8 @@ import torch
 from export.onnx_export import export_info, export_onnx, parity
 from models import detr
 from models.vit import CONFIGS, build
-from service.runtime.manifest import SCHEMA_VERSION, Manifest, Preprocessing, Provenance, TensorSpec, write_manifest
+from service.imaging.spec import Preprocessing
+from service.runtime.manifest import SCHEMA_VERSION, Manifest, Provenance, TensorSpec, write_manifest
 from service.tasks import classification, detection
 
 # The Hugging Face ViTImageProcessor's defaults (google/vit-base-patch16-224): stretch, bilinear, mean = std = 0.5.

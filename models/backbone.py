@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,6 +25,11 @@ class FrozenBatchNorm2d(nn.Module):
     are buffers, so an optimiser never updates them and they count as no parameters.
     """
 
+    weight: torch.Tensor  # the four buffers registered below (nn.Module types their reads Tensor | Module)
+    bias: torch.Tensor
+    running_mean: torch.Tensor
+    running_var: torch.Tensor
+
     def __init__(self, num_features: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.register_buffer("weight", torch.ones(num_features))
@@ -32,7 +38,7 @@ class FrozenBatchNorm2d(nn.Module):
         self.register_buffer("running_var", torch.ones(num_features))
         self.eps = eps
 
-    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
         state_dict.pop(prefix + "num_batches_tracked", None)  # present in a torchvision checkpoint
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
@@ -81,6 +87,10 @@ class ResNet50(nn.Module):
 
     num_channels = 2048
     stride = 32
+    layer1: nn.Sequential  # the four stages, set by name in __init__
+    layer2: nn.Sequential
+    layer3: nn.Sequential
+    layer4: nn.Sequential
 
     def __init__(self, in_channels: int = 3, layers: Sequence[int] = (3, 4, 6, 3)) -> None:
         super().__init__()

@@ -79,7 +79,8 @@ def load_split(split: str, path: Path | str | None = None, limit_per_class: int 
                 if parts[1] not in CIFAR10_LABELS:
                     raise ValueError(f"{name}: class {parts[1]!r} is not a CIFAR-10 class")
                 by_class.setdefault(parts[1], []).append(name)
-        images, labels = [], []
+        images: list[np.ndarray] = []
+        labels: list[int] = []
         for class_id, label in enumerate(CIFAR10_LABELS):
             names = sorted(by_class.get(label, []))[:limit_per_class]
             images.extend(_decode(archive.read(name)) for name in names)

@@ -10,6 +10,7 @@ pooling and a linear head.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import torch
 from torch import nn
@@ -71,13 +72,13 @@ class CNN(nn.Module):
         return self.head(self.dropout(x.mean(dim=(2, 3))))  # (B, num_classes)
 
 
-def build(name: str, **overrides: object) -> CNN:
+def build(name: str, **overrides: Any) -> CNN:
     """A CNN from a named config (``CONFIGS``), with fields overridden."""
     if name not in CONFIGS:
         raise ValueError(f"unknown CNN config {name!r}; known: {sorted(CONFIGS)}")
     return CNN(replace(CONFIGS[name], **overrides))
 
 
-def config_dict(config: CNNConfig) -> dict[str, object]:
+def config_dict(config: CNNConfig) -> dict[str, Any]:
     """The config as plain JSON-able values (for checkpoints)."""
     return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(config).items()}

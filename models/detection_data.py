@@ -175,7 +175,8 @@ def to_coco(canvases: list[Canvas], file_names: list[str] | None = None) -> dict
 
     Boxes are COCO's [x, y, width, height] in pixels; ``area`` is the box area.
     """
-    images, annotations = [], []
+    images: list[dict[str, Any]] = []
+    annotations: list[dict[str, Any]] = []
     for i, canvas in enumerate(canvases):
         height, width = canvas.image.shape
         name = file_names[i] if file_names else f"{i + 1:05d}.png"
@@ -243,7 +244,7 @@ def load_split(split: str, root: Path | None = None, count: int | None = None, s
     count = SPLIT_SIZES[split] if count is None else count
     fingerprint = _fingerprint(split, count, seed)
     path = root / "annotations" / f"{split}.json" if root else None
-    if path is not None and path.exists():
+    if root is not None and path is not None and path.exists():
         try:
             canvases, coco = read_split(root, split)
         except (OSError, ValueError, KeyError):  # a partly written or damaged cache: regenerate

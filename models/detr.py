@@ -298,7 +298,8 @@ def config_dict(config: DETRConfig) -> dict[str, Any]:
 
 def config_from_dict(values: dict[str, Any]) -> DETRConfig:
     """Inverse of :func:`config_dict` (lists back to tuples)."""
-    return DETRConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
+    fields_: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in values.items()}
+    return DETRConfig(**fields_)
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:
@@ -310,7 +311,7 @@ def parse_overrides(items: list[str]) -> dict[str, Any]:
     Raises:
         ValueError: an item without ``=`` or a field DETRConfig does not have.
     """
-    defaults = {f.name: f.default for f in fields(DETRConfig)}
+    defaults: dict[str, Any] = {f.name: f.default for f in fields(DETRConfig)}
     overrides: dict[str, Any] = {}
     for item in items:
         name, sep, text = item.partition("=")

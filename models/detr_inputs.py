@@ -42,7 +42,7 @@ from models.detection_data import Canvas
 MAX_SIZE = 128  # the longest side the model takes, in pixels
 BUCKET_STEP = 16  # bucket sides are multiples of this (the digits backbone's total stride)
 SCALE = 1 / 255  # pixel -> input value; mean 0, std 1, padding 0, as PREPROCESSING below
-PREPROCESSING = {
+PREPROCESSING: dict[str, Any] = {
     "color_mode": "L",
     "resize": "letterbox",
     "size": {"height": MAX_SIZE, "width": MAX_SIZE},
@@ -232,6 +232,7 @@ class InputFormat:
             members = torch.nonzero(prepared.buckets == bucket)[:, 0]
             for chunk in members.split(batch_size):
                 images, mask, _ = self.batch(prepared, chunk)
+                assert mask is not None  # a masked format (self.mask): batch() gives its pixel mask
                 logits, boxes = run(images.numpy(), mask.numpy())
                 for i, image_logits, image_boxes in zip(chunk.tolist(), logits, boxes, strict=True):
                     height, width = canvases[i].image.shape

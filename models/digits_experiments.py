@@ -28,6 +28,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -47,7 +48,7 @@ REFERENCE = {
     "shuffle-vit": "304 of 360 change",
     "shuffle-vit-no-pos": "none change",
 }
-RUNS = {
+RUNS: dict[str, dict[str, Any]] = {
     "vit": {"architecture": "vit"},
     "vit-no-pos": {"architecture": "vit", "position_embedding": False},
     "vit-150": {"architecture": "vit", "train_size": 150},
@@ -97,10 +98,10 @@ def shuffle_test(checkpoint: Path, images: np.ndarray, labels: np.ndarray, seed:
     }
 
 
-def run(out: Path, seeds: list[int]) -> dict[str, object]:
+def run(out: Path, seeds: list[int]) -> dict[str, Any]:
     """Train every run at every seed, shuffle-test the full-data ViTs, write the results."""
     test = load_digits_splits()[1]
-    results: dict[str, object] = {"seeds": seeds, "runs": {}, "shuffle": {}}
+    results: dict[str, Any] = {"seeds": seeds, "runs": {}, "shuffle": {}}
     for name, options in RUNS.items():
         per_seed = {}
         for seed in seeds:
@@ -161,7 +162,7 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
-def _by_seed(values: dict, seed: int):
+def _by_seed(values: dict[Any, Any], seed: int) -> Any:
     """``values[seed]``, whether the keys are ints (in memory) or strings (read back from JSON)."""
     return values[seed] if seed in values else values[str(seed)]
 

@@ -25,7 +25,7 @@ the groups' losses are averaged (Group DETR's code divides by K times the number
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -105,6 +105,8 @@ class SetCriterion(nn.Module):
         class_loss: a key of ``CLASSIFICATIONS``.
         num_groups: Group DETR's query groups in the outputs (training outputs: K * N queries).
     """
+
+    empty_weight: torch.Tensor  # a buffer, registered in __init__
 
     def __init__(
         self,
@@ -246,7 +248,8 @@ class SetCriterion(nn.Module):
         """
         num_boxes = max(float(sum(len(t["labels"]) for t in targets)), 1.0)
         losses = self._losses(outputs, targets, num_boxes)
-        total = sum(self.weights[k] * v for k, v in losses.items())
+        # sum() of tensors is a tensor (its int start only for no terms; there is always one)
+        total = cast(torch.Tensor, sum(self.weights[k] * v for k, v in losses.items()))
         for i, aux in enumerate(outputs.get("aux_outputs", [])):
             aux_losses = self._losses(aux, targets, num_boxes)
             total = total + sum(self.weights[k] * v for k, v in aux_losses.items())

@@ -40,6 +40,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 # How the server turns any photo into the 32x32 input: scale so the shorter side is 32, crop
 # the centre 32x32 (CIFAR's objects fill the frame), bicubic; mean and std are measured on the
 # training split by ``train`` and filled in there.
-PREPROCESSING = {
+PREPROCESSING: dict[str, Any] = {
     "color_mode": "RGB",
     "resize": "center_crop",
     "size": {"height": 32, "width": 32},
@@ -68,14 +69,14 @@ TRAINING_DATA = "CIFAR-10 (Krizhevsky 2009) as 32x32 JPEGs: the 50,000 training 
 ARCHITECTURES = ("vit", "deit", "cnn")
 
 
-def build_model(arch: str) -> tuple[nn.Module, dict[str, object]]:
+def build_model(arch: str) -> tuple[nn.Module, dict[str, Any]]:
     """The model for ``arch`` ("vit", "deit" or "cnn") and its config as a plain dict."""
     if arch in ("vit", "deit"):
         model = vit.build("cifar10", distillation=arch == "deit")
         return model, vit.config_dict(model.config)
     if arch == "cnn":
-        model = cnn.build("cifar10")
-        return model, cnn.config_dict(model.config)
+        cifar_cnn = cnn.build("cifar10")
+        return cifar_cnn, cnn.config_dict(cifar_cnn.config)
     raise ValueError(f"unknown arch {arch!r}; one of {ARCHITECTURES}")
 
 
@@ -99,9 +100,10 @@ def load_teacher(path: Path, device: torch.device) -> nn.Module:
     return teacher
 
 
-def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, object]]:
+def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """AdamW groups: weight decay on weight matrices and conv kernels only (timm's practice)."""
-    decay, no_decay = [], []
+    decay: list[nn.Parameter] = []
+    no_decay: list[nn.Parameter] = []
     tokens = ("cls_token", "dist_token", "pos_embed")
     for name, parameter in model.named_parameters():
         (no_decay if parameter.ndim <= 1 or name in tokens else decay).append(parameter)
@@ -124,7 +126,7 @@ def normalise(batch: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> tor
     return (batch.float() / 255.0 - mean) / std
 
 
-def autocast(device: torch.device):
+def autocast(device: torch.device) -> contextlib.AbstractContextManager[Any]:
     """bf16 autocast on CUDA; nothing on the CPU (float32 there)."""
     if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
@@ -132,7 +134,14 @@ def autocast(device: torch.device):
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, images: torch.Tensor, labels: torch.Tensor, mean, std, batch_size: int = 500):
+def evaluate(
+    model: nn.Module,
+    images: torch.Tensor,
+    labels: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    batch_size: int = 500,
+) -> tuple[float, float]:
     """(mean cross-entropy, top-1 accuracy) of ``model`` on uint8 (N, C, H, W) images, labels (N,)."""
     model.eval()
     losses, correct = 0.0, 0
@@ -197,7 +206,7 @@ def train(
     limit_per_class: int | None = None,
     resume: bool = False,
     quiet: bool = False,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """Train on CIFAR-10's training split, evaluate on its test split, write the run's files.
 
     Args:
@@ -237,7 +246,8 @@ def train(
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer, warmup_cosine(total_steps, warmup_epochs * steps_per_epoch, floor=0.01)
     )
-    forward = torch.compile(model) if compile else model
+    # torch.compile of a module returns an OptimizedModule, an nn.Module; its stubs say a callable
+    forward = cast(nn.Module, torch.compile(model)) if compile else model
 
     history: dict[str, list[tuple[float, float]]] = {
         "train loss": [],
@@ -301,7 +311,7 @@ def train(
         train_seconds += epoch_seconds
         images_seen += steps_per_epoch * batch_size
         history["train loss"].append((epoch + 1, float(loss_sum) / steps_per_epoch))
-        history["learning rate"].append((epoch + 1, schedule.get_last_lr()[0]))
+        history["learning rate"].append((epoch + 1, float(schedule.get_last_lr()[0])))
         if (epoch + 1) % eval_every == 0 or epoch + 1 == epochs:
             test_loss, test_accuracy = evaluate(forward, x_test, y_test, mean, std)
             history["test loss"].append((epoch + 1, test_loss))
@@ -333,7 +343,7 @@ def train(
 
     wall_seconds = time.perf_counter() - started
     test_loss, test_accuracy = evaluate(model, x_test, y_test, mean, std)
-    metrics: dict[str, object] = {
+    metrics: dict[str, Any] = {
         "test_accuracy": test_accuracy,
         **({"teacher_test_accuracy": evaluate(teacher_model, x_test, y_test, mean, std)[1]} if teacher_model else {}),
         "test_loss": round(test_loss, 4),

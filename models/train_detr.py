@@ -43,18 +43,22 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
+from models.backbone import ConvBackbone, ResNet50
 from models.detection_data import DIGIT_CLASSES, SPLIT_SIZES, Canvas, load_split, to_coco
 from models.detection_eval import coco_ap, set_quality
 from models.detr import DETR, build, config_dict, for_inference
-from models.detr_inputs import INPUT_FORMATS, PREPROCESSING, InputFormat, epoch_batches
+from models.detr_inputs import INPUT_FORMATS, PREPROCESSING, InputFormat, MaskedRunFn, epoch_batches
 from models.losses import CLASSIFICATIONS, build_criterion
 from models.training import machine, plot_curves, seed_everything, write_json
+
+if TYPE_CHECKING:
+    from service.imaging.spec import Preprocessing
 
 CONFIG = "digits-small"
 LABELS = [*DIGIT_CLASSES, "no-object"]  # DETR's "no object" class last
@@ -68,7 +72,7 @@ TRAINING_DATA = (
 )
 
 
-def preprocessing_spec():
+def preprocessing_spec() -> Preprocessing:
     """``PREPROCESSING`` as the manifest's :class:`service.imaging.spec.Preprocessing`."""
     from service.imaging.spec import Preprocessing
 
@@ -87,7 +91,7 @@ def to_inputs_and_targets(canvases: list[Canvas]) -> tuple[torch.Tensor, list[di
     return prepared.images, prepared.targets
 
 
-def torch_runner(model: DETR):
+def torch_runner(model: DETR) -> MaskedRunFn:
     """``model`` as a :data:`models.detr_inputs.MaskedRunFn` (eval mode, no gradients)."""
 
     @torch.no_grad()
@@ -118,7 +122,13 @@ def evaluate(
 
 
 def pretrain_backbone(
-    backbone: torch.nn.Module, *, steps: int, batch_size: int = 64, lr: float = 1e-3, seed: int = 0, quiet: bool = False
+    backbone: ResNet50 | ConvBackbone,
+    *,
+    steps: int,
+    batch_size: int = 64,
+    lr: float = 1e-3,
+    seed: int = 0,
+    quiet: bool = False,
 ) -> dict[str, float]:
     """Pretrain the backbone to classify single digits of the train pool, as DETR starts from a pretrained ResNet.
 
@@ -303,7 +313,7 @@ def train(
         losses["loss"].backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip_max_norm)
         optimizer.step()
-        history["learning rate"].append((step, schedule.get_last_lr()[0]))
+        history["learning rate"].append((step, float(schedule.get_last_lr()[0])))
         schedule.step()
         step += 1
         history["train loss"].append((step, losses["loss"].item()))

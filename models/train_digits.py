@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,7 +31,7 @@ from models.training import plot_curves, seed_everything, warmup_cosine, write_j
 from models.vit import CONFIGS, ViT, config_dict
 
 # The preprocessing the model is trained with; export copies it into the manifest.
-PREPROCESSING = {
+PREPROCESSING: dict[str, Any] = {
     "color_mode": "L",
     "resize": "stretch",
     "size": {"height": 8, "width": 8},
@@ -91,8 +92,9 @@ def train(
     x_test, y_test = to_tensor(test_split.images), torch.from_numpy(test_split.labels)
 
     if architecture == "cnn":
-        model: nn.Module = cnn.build("digits")
-        config_json = cnn.config_dict(model.config)
+        digits_cnn = cnn.build("digits")
+        model: nn.Module = digits_cnn
+        config_json = cnn.config_dict(digits_cnn.config)
     else:
         config = replace(CONFIGS["digits"], position_embedding=position_embedding)
         model = ViT(config)
@@ -113,7 +115,7 @@ def train(
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            history["learning rate"].append((step, schedule.get_last_lr()[0]))
+            history["learning rate"].append((step, float(schedule.get_last_lr()[0])))
             schedule.step()
             history["train loss"].append((step, loss.item()))
             step += 1

@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -21,7 +22,7 @@ def seed_everything(seed: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def warmup_cosine(total_steps: int, warmup_steps: int, floor: float = 0.0):
+def warmup_cosine(total_steps: int, warmup_steps: int, floor: float = 0.0) -> Callable[[int], float]:
     """LambdaLR multiplier: linear warm-up from ~0 to 1 over ``warmup_steps``, then cosine decay to ``floor``."""
 
     def factor(step: int) -> float:

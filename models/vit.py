@@ -20,7 +20,7 @@ head, trained on the teacher's predictions; at inference the two heads' logits a
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, replace
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
@@ -207,7 +207,7 @@ class ViT(nn.Module):
         self.config = config
         d = config.hidden_size
         if config.stem == "conv":
-            self.patch_embed = conv_stem(config.in_channels, d, config.patch_size, config.stem_channels)
+            self.patch_embed: nn.Module = conv_stem(config.in_channels, d, config.patch_size, config.stem_channels)
         else:
             self.patch_embed = nn.Conv2d(config.in_channels, d, kernel_size=config.patch_size, stride=config.patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, d))
@@ -296,13 +296,13 @@ class ViT(nn.Module):
         return logits
 
 
-def build(name: str, **overrides: object) -> ViT:
+def build(name: str, **overrides: Any) -> ViT:
     """A ViT from a named config (``CONFIGS``), with fields overridden, e.g. ``num_classes=10``."""
     if name not in CONFIGS:
         raise ValueError(f"unknown ViT config {name!r}; known: {sorted(CONFIGS)}")
     return ViT(replace(CONFIGS[name], **overrides))
 
 
-def config_dict(config: ViTConfig) -> dict[str, object]:
+def config_dict(config: ViTConfig) -> dict[str, Any]:
     """The config as plain JSON-able values (for checkpoints)."""
     return asdict(config)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -38,9 +37,21 @@ class BatchingConfig:
         if self.max_queue_delay < 0 or self.request_timeout <= 0:
             raise ValueError(f"max_queue_delay must be >= 0 and request_timeout > 0 (got {self})")
 
-    def override(self, **values: float | int | None) -> BatchingConfig:
+    def override(
+        self,
+        *,
+        max_batch_size: int | None = None,
+        max_queue_delay: float | None = None,
+        queue_size: int | None = None,
+        request_timeout: float | None = None,
+    ) -> BatchingConfig:
         """A copy with every value that is not None replaced (a manifest's ``batching`` section)."""
-        return dataclasses.replace(self, **{k: v for k, v in values.items() if v is not None})
+        return BatchingConfig(
+            max_batch_size=self.max_batch_size if max_batch_size is None else max_batch_size,
+            max_queue_delay=self.max_queue_delay if max_queue_delay is None else max_queue_delay,
+            queue_size=self.queue_size if queue_size is None else queue_size,
+            request_timeout=self.request_timeout if request_timeout is None else request_timeout,
+        )
 
 
 @dataclass(frozen=True)

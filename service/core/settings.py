@@ -11,7 +11,7 @@ import re
 import sys
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -244,7 +244,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     return lines
 
 
-def load_settings(**overrides: object) -> Settings:
+def load_settings(**overrides: Any) -> Settings:
     """Read settings from the environment (and ``overrides``).
 
     Raises:

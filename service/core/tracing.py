@@ -39,9 +39,12 @@ import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from starlette.types import Scope
+
+if TYPE_CHECKING:
+    from opentelemetry.propagators.textmap import Getter
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +100,7 @@ class Tracer:
         self.provider = provider
         self._tracer = provider.get_tracer("patchserve")
         self._propagator = propagate.get_global_textmap()
+        self._headers = _asgi_headers()
 
     # A request: the server span and its children.
 
@@ -104,7 +108,7 @@ class Tracer:
         """Start the server span of an HTTP request; returns (span, its context), not attached."""
         from opentelemetry import trace
 
-        parent = self._propagator.extract(scope["headers"], getter=_ASGI_HEADERS)
+        parent = self._propagator.extract(scope["headers"], getter=self._headers)
         method = scope["method"]
         span = self._tracer.start_span(
             method,
@@ -215,19 +219,23 @@ class Tracer:
         self.provider.shutdown()
 
 
-class _AsgiHeaders:
-    """An OpenTelemetry ``Getter`` over ASGI's ``[(name, value), ...]`` byte headers."""
+def _asgi_headers() -> Getter[list[tuple[bytes, bytes]]]:
+    """An OpenTelemetry ``Getter`` over ASGI's ``[(name, value), ...]`` byte headers.
 
-    def get(self, carrier: list[tuple[bytes, bytes]], key: str) -> list[str] | None:
-        wanted_name = key.lower().encode("latin-1")
-        values = [value.decode("latin-1") for name, value in carrier if name == wanted_name]
-        return values or None
+    Built with a :class:`Tracer` (``Getter`` is OpenTelemetry's class, imported only when tracing is on).
+    """
+    from opentelemetry.propagators.textmap import Getter
 
-    def keys(self, carrier: list[tuple[bytes, bytes]]) -> list[str]:
-        return [name.decode("latin-1") for name, _ in carrier]
+    class AsgiHeaders(Getter[list[tuple[bytes, bytes]]]):
+        def get(self, carrier: list[tuple[bytes, bytes]], key: str) -> list[str] | None:
+            wanted_name = key.lower().encode("latin-1")
+            values = [value.decode("latin-1") for name, value in carrier if name == wanted_name]
+            return values or None
 
+        def keys(self, carrier: list[tuple[bytes, bytes]]) -> list[str]:
+            return [name.decode("latin-1") for name, _ in carrier]
 
-_ASGI_HEADERS = _AsgiHeaders()
+    return AsgiHeaders()
 
 
 # The one tracer of this process, and the hooks the call sites hold.

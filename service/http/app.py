@@ -123,8 +123,7 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
     return models
 
 
-async def _start_models(state: ServerState) -> None:
-    control = state.control
+async def _start_models(state: ServerState, control: ModelControl) -> None:
     try:
         models = await asyncio.get_running_loop().run_in_executor(None, _load_and_warm_up, control)
     except Exception as exc:  # a graph that will not load: stay alive, not ready, and say why
@@ -196,7 +195,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         workers=worker_readiness(settings),
     )
     log.info("threads: %s", threads.reason)
-    state.control = ModelControl(
+    state.control = control = ModelControl(
         settings.model_repository,
         loader(settings, threads, tuner(settings)),
         ModelRepository(settings.model_repository),
@@ -208,12 +207,12 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if tracer is not None:
             install(tracer)
-        loading = asyncio.create_task(_start_models(state))
+        loading = asyncio.create_task(_start_models(state, control))
         watchers = []
         if settings.repository_poll_seconds > 0:
             watchers.append(asyncio.create_task(poll_forever(state, loading, settings.repository_poll_seconds)))
-        if state.control.signal is not None:
-            watchers.append(asyncio.create_task(follow(state, loading, state.control.signal)))
+        if control.signal is not None:
+            watchers.append(asyncio.create_task(follow(state, loading, control.signal)))
         yield
         state.draining = True
         if state.workers is not None:
@@ -224,7 +223,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         if watchers:
             await asyncio.wait(watchers)
         with contextlib.suppress(TimeoutError):  # versions retiring finish their requests, which have ended
-            await asyncio.wait_for(state.control.until_retired(), settings.graceful_shutdown_timeout)
+            await asyncio.wait_for(control.until_retired(), settings.graceful_shutdown_timeout)
         if state.repository is not None:
             for model in state.repository.all():
                 await model.batcher.stop()

@@ -17,7 +17,8 @@ from service.runtime.repository import ModelRepository
 
 async def get_state(request: Request) -> ServerState:
     """The worker's :class:`ServerState`."""
-    return request.app.state.server
+    state: ServerState = request.app.state.server  # create_app puts it there
+    return state
 
 
 async def get_repository(request: Request) -> ModelRepository:
@@ -26,7 +27,7 @@ async def get_repository(request: Request) -> ModelRepository:
     Raises:
         Unavailable: the models are not loaded yet (503).
     """
-    repository = request.app.state.server.repository
+    repository: ModelRepository | None = request.app.state.server.repository
     if repository is None:
         raise Unavailable("the models are still loading", retry_after=2)
     return repository

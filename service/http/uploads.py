@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 import orjson
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
@@ -24,6 +25,9 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, InvalidImage, PayloadTooLarge
 from service.http.openapi import DIGIT_PNG_BASE64
+
+if TYPE_CHECKING:
+    from python_multipart.multipart import MultipartCallbacks  # a TypedDict its stubs define for type checkers only
 
 RAW_TYPES = ("application/octet-stream",)
 IMAGE_FIELD = "image"
@@ -117,7 +121,7 @@ class _Parts:
         self.name: str | None = None
         self.data: list[bytes] = []
 
-    def callbacks(self) -> dict[str, Callable[..., None]]:
+    def callbacks(self) -> MultipartCallbacks:
         return {
             "on_part_begin": self.on_part_begin,
             "on_header_field": lambda data, start, end: self.field.extend(data[start:end]),

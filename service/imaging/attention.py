@@ -136,7 +136,7 @@ def heatmap_image(
     # colour map over the region.
     inside = base.crop((left, top, right, bottom))  # (h, w) RGB
     levels = Image.fromarray(np.clip(scaled * 255.0 + 0.5, 0, 255).astype(np.uint8), mode="L")
-    index = np.asarray(levels.resize((right - left, bottom - top), Image.BILINEAR))  # (h, w) uint8
+    index = np.asarray(levels.resize((right - left, bottom - top), Image.Resampling.BILINEAR))  # (h, w) uint8
     out = base.point(lambda v: int(v * outside + 0.5))
     out.paste(Image.blend(inside, Image.fromarray(COLORMAP[index], mode="RGB"), alpha), (left, top))
     if caption:

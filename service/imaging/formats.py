@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import re
+from typing import Literal
 
 from PIL import Image, UnidentifiedImageError
 
@@ -117,7 +118,7 @@ class FileFaults:
     def __enter__(self) -> FileFaults:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> Literal[False]:
         if exc is None or isinstance(exc, (BadRequest, InvalidImage, PayloadTooLarge)):
             return False
         if not isinstance(exc, Exception):  # KeyboardInterrupt, cancellation: not the file's fault

@@ -17,4 +17,5 @@ def softmax(logits: np.ndarray, axis: int = -1) -> np.ndarray:
     """
     shifted = logits.astype(np.float32) - np.max(logits, axis=axis, keepdims=True)
     exp = np.exp(shifted)
-    return exp / np.sum(exp, axis=axis, keepdims=True)
+    probabilities: np.ndarray = exp / np.sum(exp, axis=axis, keepdims=True)  # numpy types the quotient Any
+    return probabilities

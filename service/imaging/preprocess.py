@@ -46,13 +46,25 @@ class Preprocessor:
         return self.policy.dynamic(self.spec)
 
     @property
+    def frame_size(self) -> tuple[int, int]:
+        """``size`` as (width, height), for a policy that needs it (its ``check`` refuses a spec without)."""
+        assert self.size is not None, f"the {self.spec.resize} policy needs size"
+        return self.size
+
+    @property
+    def shortest_edge(self) -> int:
+        """``spec.shortest_edge``, for a spec without ``size`` (``shortest_edge``'s ``check`` refuses one without)."""
+        assert self.spec.shortest_edge is not None, f"the {self.spec.resize} policy needs shortest_edge"
+        return self.spec.shortest_edge
+
+    @property
     def output_shape(self) -> tuple[int, int, int]:
         """(C, H, W) of the arrays ``__call__`` returns; for a dynamic policy, that of a square image."""
         channels = 1 if self.spec.color_mode == "L" else 3
         if self.spec.crop_size is not None:
             return (channels, self.spec.crop_size.height, self.spec.crop_size.width)
         if self.size is None:
-            side = self.spec.shortest_edge
+            side = self.shortest_edge
             return (channels, side, side)
         return (channels, self.size[1], self.size[0])
 
@@ -65,7 +77,7 @@ class Preprocessor:
         the resize asks of it.
         """
         if self.size is None:
-            return (self.spec.shortest_edge, self.spec.shortest_edge)
+            return (self.shortest_edge, self.shortest_edge)
         return self.size
 
     def content_size(self, width: int, height: int) -> tuple[int, int]:

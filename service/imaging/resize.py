@@ -72,7 +72,7 @@ class ResizePolicy:
 
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels that an image of ``width`` x ``height`` pixels fills (before any crop)."""
-        return pre.size
+        return pre.frame_size
 
     def box_scale(
         self, pre: Preprocessor, image_size: tuple[int, int], displayed_size: tuple[int, int]
@@ -146,7 +146,7 @@ class ShortestEdge(ResizePolicy):
         return spec.crop_size is None
 
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
-        h, w = keep_aspect_size(height, width, pre.spec.shortest_edge, pre.spec.longest_edge)
+        h, w = keep_aspect_size(height, width, pre.shortest_edge, pre.spec.longest_edge)
         return (max(1, w), max(1, h))  # a 1 x 40000 strip would otherwise get a side of 0 pixels
 
 
@@ -161,10 +161,10 @@ class Letterbox(ResizePolicy):
     name = "letterbox"
 
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
-        scale = min(pre.size[0] / width, pre.size[1] / height)
+        scale = min(pre.frame_size[0] / width, pre.frame_size[1] / height)
         return (
-            max(1, min(pre.size[0], round(width * scale))),
-            max(1, min(pre.size[1], round(height * scale))),
+            max(1, min(pre.frame_size[0], round(width * scale))),
+            max(1, min(pre.frame_size[1], round(height * scale))),
         )
 
     def box_scale(
@@ -173,19 +173,20 @@ class Letterbox(ResizePolicy):
         """The input frame also holds the padding: sx = displayed width * size.width / content width."""
         content_w, content_h = self.content_size(pre, *image_size)
         return (
-            pre.size[0] / content_w * displayed_size[0],
-            pre.size[1] / content_h * displayed_size[1],
+            pre.frame_size[0] / content_w * displayed_size[0],
+            pre.frame_size[1] / content_h * displayed_size[1],
         )
 
     def input_region(self, pre: Preprocessor, width: int, height: int) -> tuple[float, float, float, float]:
         """The image and the padding beyond its bottom and right edges (the region extends past the image)."""
         content_w, content_h = self.content_size(pre, width, height)
-        return (0.0, 0.0, pre.size[0] * width / content_w, pre.size[1] * height / content_h)
+        return (0.0, 0.0, pre.frame_size[0] * width / content_w, pre.frame_size[1] * height / content_h)
 
     def padded(self, pre: Preprocessor, pixels: np.ndarray, target: tuple[int, int]) -> np.ndarray:
-        if target == pre.size:
+        frame_w, frame_h = pre.frame_size
+        if target == (frame_w, frame_h):
             return pixels
-        padded = np.full((pre.size[1], pre.size[0], pixels.shape[2]), pre.spec.pad_value, dtype=pixels.dtype)
+        padded = np.full((frame_h, frame_w, pixels.shape[2]), pre.spec.pad_value, dtype=pixels.dtype)
         padded[: target[1], : target[0]] = pixels
         return padded  # (H, W, C)
 
@@ -207,7 +208,7 @@ class CenterCrop(ResizePolicy):
         # of integers, correctly rounded, so it never exceeds the image. Computed as 32 / (32 / s),
         # the region came out one ulp larger than s for sides such as 49, 98, 479, 1003 and its
         # box started below 0, which Pillow refuses (Pillow#4087).
-        out_w, out_h = pre.size
+        out_w, out_h = pre.frame_size
         if out_w * height >= out_h * width:  # the width fits; the height is cropped
             crop_w, crop_h = float(width), out_h * width / out_w
         else:
@@ -217,8 +218,8 @@ class CenterCrop(ResizePolicy):
 
     def resized(self, pre: Preprocessor, image: Image.Image, target: tuple[int, int]) -> Image.Image:
         """Resample only the centre region, straight to the input size (no rounded intermediate)."""
-        if image.size != pre.size:
-            return image.resize(pre.size, pre.resample, box=self.input_region(pre, *image.size))
+        if image.size != pre.frame_size:
+            return image.resize(pre.frame_size, pre.resample, box=self.input_region(pre, *image.size))
         return image
 
 

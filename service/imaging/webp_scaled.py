@@ -13,13 +13,15 @@ from PIL import Image
 
 try:
     import webp  # libwebp's decode API through cffi (the webp package): scaled WebP decoding
-except ImportError:  # without it, Pillow decodes every WebP at full size
-    webp = None
+
+    _HAVE_WEBP = True
+except ImportError:  # without it, Pillow decodes every WebP at full size (webp is then never read)
+    _HAVE_WEBP = False
 # libwebp's WebPDecoderOptions (src/webp/decode.h) is 14 ints and 5 uint32 of padding; the webp
 # package declares only use_threads, its 11th int. use_scaling, scaled_width and scaled_height
 # are the 8th to 10th: written by index, once the package's layout is the one decode.h gives.
 _SCALING = 7
-_WEBP_SCALES = webp is not None and (
+_WEBP_SCALES = _HAVE_WEBP and (
     webp.ffi.offsetof("WebPDecoderOptions", "use_threads") == 40 and webp.ffi.sizeof("WebPDecoderOptions") == 76
 )
 

@@ -123,6 +123,7 @@ def _preprocessed(
             f"the model's input for this {decoded.width}x{decoded.height} image would be {input_h}x{input_w} = "
             f"{input_w * input_h} pixels; the limit is {max_pixels}"
         )
+    assert decoded.image is not None  # just decoded: only dropped() after this returns
     return decoded, preprocessor(decoded.image)
 
 

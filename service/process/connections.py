@@ -43,7 +43,7 @@ class SendTimeoutProtocol(HttpToolsProtocol):
         super().pause_writing()
         timeout = getattr(self.config, "send_timeout", None)
         if timeout and self._send_timer is None:
-            self._send_timer = self.loop.call_later(timeout, self._abort_unread)
+            self._send_timer = self.loop.call_later(timeout, self._abort_unread, timeout)
 
     def resume_writing(self) -> None:
         self._cancel_send_timer()
@@ -53,14 +53,14 @@ class SendTimeoutProtocol(HttpToolsProtocol):
         self._cancel_send_timer()
         super().connection_lost(exc)
 
-    def _abort_unread(self) -> None:
+    def _abort_unread(self, timeout: float) -> None:
         self._send_timer = None
         unsent = self.transport.get_write_buffer_size()
         log.warning(
             "client %s read nothing of its response for %.1f s (PATCHSERVE_SEND_TIMEOUT); connection aborted, "
             "%d unsent bytes dropped",
             self.client,
-            self.config.send_timeout,
+            timeout,
             unsent,
         )
         self.transport.abort()

@@ -134,9 +134,9 @@ def cgroup_quota(
             if not base.is_dir():
                 continue
             for folder in _ancestors(base, v1):
-                quota, period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
-                if quota and period and int(quota) > 0 and int(period) > 0:
-                    found.append((int(quota) / int(period), str(folder / "cpu.cfs_quota_us")))
+                quota, cfs_period = _read(folder / "cpu.cfs_quota_us"), _read(folder / "cpu.cfs_period_us")
+                if quota and cfs_period and int(quota) > 0 and int(cfs_period) > 0:
+                    found.append((int(quota) / int(cfs_period), str(folder / "cpu.cfs_quota_us")))
             break
     if not found:
         return None, ""

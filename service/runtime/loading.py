@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
@@ -59,7 +59,9 @@ def check_graph(manifest: Manifest, runner: OrtRunner, folder: Path) -> None:
         )
 
 
-def _tuning_note(tuned: TuneResult | None, overrides: dict, batch_size_fixed: bool, fixed_instances: int | None) -> str:
+def _tuning_note(
+    tuned: TuneResult | None, overrides: dict[str, Any], batch_size_fixed: bool, fixed_instances: int | None
+) -> str:
     """Why the tuner chose what it did not (a fixed value), in words."""
     fixed = []
     if overrides.get("max_batch_size"):
@@ -138,6 +140,12 @@ class Loader:
                 self.batching.max_batch_size if self.batch_size_fixed else None
             )
             fixed_instances = plan.instances if "instances" in plan.forced else None
+
+            def threads_for(n: int, plan: ThreadPlan = plan) -> tuple[int, bool]:  # plan bound: narrowed to not None
+                """n instances -> (intra-op threads, spinning) each of them gets."""
+                planned = plan.with_instances(n)
+                return planned.intra_op_threads, planned.spinning
+
             tuned = self.tuner.run(
                 name,
                 version,
@@ -145,10 +153,7 @@ class Loader:
                 preprocessor.output_shape,
                 manifest.input.dtype,
                 make_runner=make_runner,
-                threads_for=lambda n, plan=plan: (
-                    plan.with_instances(n).intra_op_threads,
-                    plan.with_instances(n).spinning,
-                ),
+                threads_for=threads_for,
                 cores=plan.cores.cores,
                 share=plan.share,
                 fixed_instances=fixed_instances,

@@ -185,6 +185,8 @@ class ModelControl:
         states = self.states.setdefault(name, {})
         for version in [v for v, s in states.items() if s.state == UNAVAILABLE and v not in found]:
             del states[version]  # its folder went: forget its failure
+        loadable: dict[int, _Found]
+        kept: set[int]
         if name in self.unloaded:
             loadable, kept, policy = {}, set(), None
         else:

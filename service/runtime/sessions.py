@@ -179,7 +179,7 @@ class OrtRunner:
 
     def close(self) -> None:
         """Let go of the session (its memory is freed with the last reference); ``run`` fails after."""
-        self.session = None  # type: ignore[assignment]
+        self.session = None
 
     def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
         """Run the graph on one batch.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
@@ -72,7 +73,7 @@ class VersionPolicy(_Strict):
             return set(versions) & set(self.specific.versions)
         return set(versions)
 
-    def describe(self) -> dict:
+    def describe(self) -> dict[str, Any]:
         """The policy as Triton writes it, e.g. ``{"latest": {"num_versions": 1}}``."""
         return self.model_dump(exclude_none=True)
 

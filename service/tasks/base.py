@@ -15,19 +15,23 @@ serves both ``classify`` and ``embed``.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar, runtime_checkable
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict
 
 if TYPE_CHECKING:
+    from service.imaging.images import DecodedImage
     from service.pipeline.inference import ImageOutcome
     from service.runtime.manifest import Manifest
     from service.runtime.repository import ModelVersion
 
+P = TypeVar("P", bound=BaseModel)
+"""A task's ``Params`` type: what its ``fields`` and ``picture`` receive."""
+
 
 @runtime_checkable
-class Task(Protocol):
+class Task(Protocol[P]):
     """What one task declares; every attribute is read by the generic route and the manifest.
 
     Attributes:
@@ -49,20 +53,31 @@ class Task(Protocol):
         picture_help: what ``render=png`` draws, for the docs; None when the task draws nothing.
     """
 
-    name: str
-    verb: str
-    summary: str
-    roles: tuple[str, ...]
-    companion: bool
-    Params: type[BaseModel]
-    Options: type[BaseModel]
-    result_schema: dict[str, Any]
-    picture_help: str | None
+    # Read-only members (properties), so that a task's class attributes of narrower types (a
+    # ``tuple[str]`` of roles) satisfy the protocol; the docstring above says what each means.
+    @property
+    def name(self) -> str: ...
+    @property
+    def verb(self) -> str: ...
+    @property
+    def summary(self) -> str: ...
+    @property
+    def roles(self) -> tuple[str, ...]: ...
+    @property
+    def companion(self) -> bool: ...
+    @property
+    def Params(self) -> type[P]: ...  # noqa: N802  (the attribute's name: a class)
+    @property
+    def Options(self) -> type[BaseModel]: ...  # noqa: N802
+    @property
+    def result_schema(self) -> dict[str, Any]: ...
+    @property
+    def picture_help(self) -> str | None: ...
 
     def check_manifest(self, manifest: Manifest) -> None:
         """Refuse a manifest of this task that cannot be served (raise ValueError naming the field)."""
 
-    def fields(self, model: ModelVersion, outcome: ImageOutcome, params: BaseModel) -> dict[str, Any]:
+    def fields(self, model: ModelVersion, outcome: ImageOutcome, params: P) -> dict[str, Any]:
         """The task's fields of one successful image's response (beside model, version, image).
 
         Args:
@@ -71,7 +86,7 @@ class Task(Protocol):
             params: the request's validated ``Params``.
         """
 
-    def picture(self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: BaseModel) -> bytes:
+    def picture(self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: P) -> bytes:
         """PNG bytes for ``render=png`` of one image, given the fields :meth:`fields` returned.
 
         Blocking (draws and encodes): the route runs it in the decode thread pool.
@@ -87,25 +102,29 @@ class NoOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class BaseTask:
-    """Defaults for a :class:`Task`: not a companion, no options, no manifest checks, no picture."""
+class BaseTask(Generic[P]):
+    """Defaults for a :class:`Task`: not a companion, no options, no manifest checks, no picture.
+
+    A task derives ``BaseTask[<its Params>]``, so that its ``fields`` and ``picture`` may take its
+    own ``Params`` (what the generic route validates and passes) and still satisfy :class:`Task`.
+    """
 
     companion: ClassVar[bool] = False
-    Options: ClassVar[type[BaseModel]] = NoOptions
-    picture_help: ClassVar[str | None] = None
+    Options: type[BaseModel] = NoOptions
+    picture_help: str | None = None
 
     def check_manifest(self, manifest: Manifest) -> None:
         """No checks beyond the manifest's own."""
 
-    def picture(self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: BaseModel) -> bytes:
+    def picture(self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: P) -> bytes:
         """Never called: ``picture_help`` is None."""
         raise NotImplementedError
 
 
-_TASKS: dict[str, Task] = {}
+_TASKS: dict[str, Task[Any]] = {}
 
 
-def register(task: Task) -> Task:
+def register(task: Task[P]) -> Task[P]:
     """Add ``task`` to the registry; returns it.
 
     Raises:
@@ -125,7 +144,7 @@ def unregister(name: str) -> None:
     _TASKS.pop(name, None)
 
 
-def get(name: str) -> Task:
+def get(name: str) -> Task[Any]:
     """The task registered as ``name``.
 
     Raises:
@@ -137,7 +156,7 @@ def get(name: str) -> Task:
         raise KeyError(f"unknown task {name!r}; registered: {', '.join(_TASKS)}") from None
 
 
-def all_tasks() -> list[Task]:
+def all_tasks() -> list[Task[Any]]:
     """Every registered task, in registration order."""
     return list(_TASKS.values())
 
@@ -163,14 +182,14 @@ def role_outputs(manifest: Manifest) -> dict[str, str]:
     return dict(zip(get(manifest.task).roles, manifest.outputs, strict=False))
 
 
-def serves(manifest: Manifest, task: Task) -> bool:
+def serves(manifest: Manifest, task: Task[Any]) -> bool:
     """Whether a model with ``manifest`` serves ``task``: its own task, or a companion whose roles it names."""
     if manifest.task == task.name:
         return True
     return task.companion and set(task.roles) <= set(role_outputs(manifest))
 
 
-def served_tasks(manifest: Manifest) -> list[Task]:
+def served_tasks(manifest: Manifest) -> list[Task[Any]]:
     """Every registered task a model with ``manifest`` serves, its own first."""
     own = get(manifest.task)
     return [own, *(t for t in _TASKS.values() if t is not own and serves(manifest, t))]
@@ -183,8 +202,19 @@ def options(manifest: Manifest) -> BaseModel:
 
 def output(model: ModelVersion, outcome: ImageOutcome, role: str) -> np.ndarray:
     """One image's row of the graph output that plays ``role`` (shape as the graph has it, less the batch axis)."""
+    return outputs(outcome)[role_outputs(model.manifest)[role]]
+
+
+def decoded(outcome: ImageOutcome) -> DecodedImage:
+    """One successful image's decoded form (what :meth:`Task.fields` and :meth:`Task.picture` are given)."""
+    assert outcome.image is not None
+    return outcome.image
+
+
+def outputs(outcome: ImageOutcome) -> dict[str, np.ndarray]:
+    """One successful image's row of every graph output, by output name (less the batch axis)."""
     assert outcome.result is not None
-    return outcome.result.outputs[role_outputs(model.manifest)[role]]
+    return outcome.result.outputs
 
 
 IMAGE_SIZE_SCHEMA: dict[str, Any] = {

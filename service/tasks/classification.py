@@ -15,7 +15,7 @@ from pydantic import BaseModel, Field
 from service.core.errors import InvalidParameter
 from service.imaging import attention
 from service.imaging.postprocess import softmax
-from service.tasks.base import BaseTask, output, register, result_schema
+from service.tasks.base import BaseTask, decoded, output, outputs, register, result_schema
 
 if TYPE_CHECKING:
     from service.pipeline.inference import ImageOutcome
@@ -67,7 +67,7 @@ _PREDICTIONS = {
 }
 
 
-class Classification(BaseTask):
+class Classification(BaseTask[ClassifyParams]):
     """Image classification: the top-k classes of each image (:func:`classify`)."""
 
     name = "classification"
@@ -93,15 +93,16 @@ class Classification(BaseTask):
         Raises:
             InvalidParameter: the graph exports neither (422), with the manifest's reason.
         """
-        spec, decoded, top = model.manifest.attention, outcome.image, fields["predictions"][0]
+        spec, image, top = model.manifest.attention, decoded(outcome), fields["predictions"][0]
+        assert image.image is not None  # render=png keeps the picture
         caption = f"{top['label']} {top['score']:.2f}"
         maps = model.manifest.class_maps
         if spec is None and maps is not None:  # no attention to roll out (Swin): the top class's activation map
             heat = attention.class_map(
-                outcome.result.outputs[maps.output], (maps.grid.height, maps.grid.width), top["class_id"]
+                outputs(outcome)[maps.output], (maps.grid.height, maps.grid.width), top["class_id"]
             )
-            size = (decoded.width, decoded.height)
-            return attention.render_heat_png(decoded.image, size, heat, model.preprocessor, caption=caption)
+            size = (image.width, image.height)
+            return attention.render_heat_png(image.image, size, heat, model.preprocessor, caption=caption)
         if spec is None:
             reason = model.manifest.no_attention_reason
             raise InvalidParameter(
@@ -111,9 +112,9 @@ class Classification(BaseTask):
                 "(e.g. vit-cifar10)"
             )
         return attention.render_png(
-            decoded.image,
-            (decoded.width, decoded.height),
-            outcome.result.outputs[spec.output],
+            image.image,
+            (image.width, image.height),
+            outputs(outcome)[spec.output],
             (spec.grid.height, spec.grid.width),
             model.preprocessor,
             caption=caption,

@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.imaging import resize
 from service.imaging.render import displayed_canvas, png_bytes
-from service.tasks.base import BaseTask, options, output, register, result_schema
+from service.tasks.base import BaseTask, decoded, options, output, register, result_schema
 from service.tasks.detection_scores import RULES
 
 if TYPE_CHECKING:
@@ -223,7 +223,14 @@ _DETECTIONS = {
 }
 
 
-class Detection(BaseTask):
+def _options(manifest: Manifest) -> DetectOptions:
+    """A detector's ``task_options``: :class:`DetectOptions`, the detection task's ``Options``."""
+    rule = options(manifest)
+    assert isinstance(rule, DetectOptions)
+    return rule
+
+
+class Detection(BaseTask[DetectParams]):
     """Object detection with a set predictor (DETR): :func:`detect`, boxes in displayed pixels."""
 
     name = "detection"
@@ -244,22 +251,22 @@ class Detection(BaseTask):
         """
         if resize.get(manifest.preprocessing.resize).crops or manifest.preprocessing.crop_size:
             raise ValueError("a detector's preprocessing takes no crop (center_crop or crop_size)")
-        rule = RULES[options(manifest).scores]
+        rule = RULES[_options(manifest).scores]
         if rule.no_object and len(manifest.labels) < 2:
             raise ValueError(f"scores {rule.name!r} needs the classes and the no-object class last in labels")
 
     def fields(self, model: ModelVersion, outcome: ImageOutcome, params: DetectParams) -> dict[str, Any]:
         """``{"detections": [...]}`` in pixels of the image as displayed (EXIF applied), clipped to it."""
-        decoded = outcome.image
-        displayed = (decoded.width, decoded.height)
-        rule = options(model.manifest)
+        image = decoded(outcome)
+        displayed = (image.width, image.height)
+        rule = _options(model.manifest)
         detections = detect(
             output(model, outcome, "logits"),
             output(model, outcome, "boxes"),
             model.manifest.labels,
             threshold=params.threshold,
             max_detections=params.max_detections,
-            box_scale=model.preprocessor.box_scale(decoded.size, displayed),
+            box_scale=model.preprocessor.box_scale(image.size, displayed),
             image_size=displayed,
             scores=rule.scores,
             top_k=rule.top_k,
@@ -270,8 +277,9 @@ class Detection(BaseTask):
         self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: DetectParams
     ) -> bytes:
         """The displayed image with ``fields["detections"]`` drawn, as PNG."""
-        decoded = outcome.image
-        return png_bytes(draw_detections(decoded.image, fields["detections"], (decoded.width, decoded.height)))
+        image = decoded(outcome)
+        assert image.image is not None  # render=png keeps the picture
+        return png_bytes(draw_detections(image.image, fields["detections"], (image.width, image.height)))
 
 
 TASK = register(Detection())

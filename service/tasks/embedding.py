@@ -42,7 +42,8 @@ def embed(features: np.ndarray, *, normalize: bool = True) -> list[float]:
     if normalize:
         norm = float(np.linalg.norm(vector.astype(np.float64)))
         vector = vector / np.float32(norm) if norm > 0 else vector
-    return vector.tolist()
+    values: list[float] = vector.tolist()  # numpy types tolist() Any
+    return values
 
 
 class EmbedParams(BaseModel):
@@ -59,7 +60,7 @@ _EMBEDDING = {
 }
 
 
-class Embedding(BaseTask):
+class Embedding(BaseTask[EmbedParams]):
     """Image embeddings (:func:`embed`), served by any model that exports an ``embedding`` output."""
 
     name = "embedding"

@@ -185,7 +185,7 @@ def _require(condition: bool, message: str) -> None:
 
 
 def _parameters(entry: dict[str, Any], where: str) -> dict[str, Any]:
-    parameters = entry.get("parameters", {})
+    parameters: dict[str, Any] = entry.get("parameters", {})
     _require(isinstance(parameters, dict), f"{where}.parameters must be an object")
     if any(key in parameters for key in _SHARED_MEMORY):
         raise BadRequest(f"{where}: shared-memory tensors are not supported by this server; send the data")

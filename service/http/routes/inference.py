@@ -29,7 +29,7 @@ from service.tasks import Task
 Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^[0-9]{1,9}$")]
 
 
-def require_task(model: ModelVersion, task: Task) -> None:
+def require_task(model: ModelVersion, task: Task[Any]) -> None:
     """Refuse (400) a request for a task the model does not serve, naming the route it does serve.
 
     Raises:
@@ -78,7 +78,7 @@ def _wants_png(request: Request, render_as: str | None) -> bool:
 
 
 async def _picture(
-    state: State, task: Task, model: ModelVersion, body: dict[str, Any], outcomes: list[ImageOutcome], params: Any
+    state: State, task: Task[Any], model: ModelVersion, body: dict[str, Any], outcomes: list[ImageOutcome], params: Any
 ) -> Response:
     """The task's ``render=png`` of a one-image request, drawn in the decode pool."""
     if len(outcomes) != 1:
@@ -95,7 +95,7 @@ async def serve(
     repository: ModelRepository,
     name: str,
     version: str | None,
-    task: Task,
+    task: Task[Any],
     params: BaseModel,
 ) -> Response:
     """Look the model up, read the images, run them, answer with the task's fields; count the outcome.
@@ -139,7 +139,7 @@ async def serve(
     return response
 
 
-def _responses(task: Task) -> dict[int | str, dict[str, Any]]:
+def _responses(task: Task[Any]) -> dict[int | str, dict[str, Any]]:
     """The task's route responses: its result schema, with a PNG beside the JSON 200 when it draws one."""
     responses = image_responses(task.result_schema)
     if task.picture_help is not None:
@@ -148,7 +148,7 @@ def _responses(task: Task) -> dict[int | str, dict[str, Any]]:
     return responses
 
 
-def _endpoint(task: Task) -> Callable[..., Coroutine[Any, Any, Response]]:
+def _endpoint(task: Task[Any]) -> Callable[..., Coroutine[Any, Any, Response]]:
     """The route function of ``task``: its ``Params`` as query parameters, then :func:`serve`."""
     params_type = task.Params
 

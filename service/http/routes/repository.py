@@ -23,6 +23,7 @@ from service.core.errors import BadRequest, Forbidden, Unavailable
 from service.http.deps import State
 from service.http.routes.v2 import ProtocolRoute
 from service.http.uploads import read_body
+from service.runtime.model_control import ModelControl
 from service.runtime.version_policy import ConfigError, parse_config
 from service.v2.openapi import v2_responses
 
@@ -62,6 +63,12 @@ async def _parameters(request: Request, state: State) -> dict[str, Any]:
     return parameters
 
 
+def _control(state: State) -> ModelControl:
+    """The server's model control (create_app always sets one; a bare ServerState of a test has none)."""
+    assert state.control is not None
+    return state.control
+
+
 def _control_allowed(state: State) -> None:
     """Raises Forbidden (403) when the API is off, Unavailable (503) until start-up has loaded the models."""
     if not state.settings.model_control_api:
@@ -86,7 +93,7 @@ async def index(request: Request, state: State) -> list[dict[str, str]]:
         if not isinstance(data, dict) or not isinstance(data.get("ready", False), bool):
             raise BadRequest('the body must be a JSON object such as {"ready": true}')
         ready_only = data.get("ready", False)
-    entries = state.control.index()
+    entries = _control(state).index()
     return [e for e in entries if e["state"] == "READY"] if ready_only else entries
 
 
@@ -111,7 +118,7 @@ async def load(name: str, request: Request, state: State) -> dict[str, Any]:
             policy = parse_config(parameters["config"], "parameters.config").version_policy
         except ConfigError as exc:
             raise BadRequest(str(exc)) from None
-    await state.control.load(name, policy)
+    await _control(state).load(name, policy)
     return {}
 
 
@@ -123,5 +130,5 @@ async def load(name: str, request: Request, state: State) -> dict[str, Any]:
 async def unload(name: str, request: Request, state: State) -> dict[str, Any]:
     _control_allowed(state)
     await _parameters(request, state)  # unload_dependents: no model here depends on another
-    await state.control.unload(name)
+    await _control(state).unload(name)
     return {}

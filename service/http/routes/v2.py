@@ -291,7 +291,7 @@ def _allowed_methods(request: Request) -> list[str]:
         if isinstance(route, APIRoute) and route.endpoint is not unknown:
             match, _ = route.matches({**request.scope, "method": ""})  # no method matches: PARTIAL = the path does
             if match != Match.NONE:
-                allowed |= route.methods
+                allowed |= route.methods or set()  # FastAPI types it Optional: None adds no method
     return sorted(allowed)
 
 

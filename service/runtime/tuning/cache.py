@@ -17,6 +17,7 @@ import platform
 import tempfile
 from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 from service.runtime.tuning.curve import TuneResult
 
@@ -54,7 +55,7 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def machine_identity(provider: str, cores: int, ort_version: str) -> dict:
+def machine_identity(provider: str, cores: int, ort_version: str) -> dict[str, Any]:
     """What makes a measurement valid on this machine only: CPU model, usable cores, GPU, ORT, provider."""
     return {
         "cpu": cpu_model(),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 TOLERANCE = 0.05  # within 5 % of the best throughput counts as as good
 
@@ -45,15 +46,15 @@ class TuneResult:
     key: str = ""
     measured_at: str = ""
     cache_file: str = ""
-    identity: dict = field(default_factory=dict)
+    identity: dict[str, Any] = field(default_factory=dict)
     foreign_cores: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """JSON-ready, the curve as a list of {instances, batch_size, images_per_s}."""
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, data: dict) -> TuneResult:
+    def from_dict(cls, data: dict[str, Any]) -> TuneResult:
         points = [Point(**p) for p in data.pop("points")]
         return cls(points=points, **data)
 
