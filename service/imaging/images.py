@@ -268,5 +268,3 @@ def open_image(
         _draft_size=draft_size,
         _limits=limits,
     )
-
-

@@ -49,6 +49,8 @@ log = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 STARTUP_FAILURE = 3  # uvicorn's status when a worker cannot start
+
+
 def prepare_multiprocess_dir() -> tuple[Path, bool]:
     """Turn prometheus_client's multiprocess mode on for this process and its workers.
 
