@@ -57,6 +57,25 @@ class Chunks:
             yield b"\0" * CHUNK
 
 
+def asgi_post(path: str, body: bytes) -> dict:
+    """The ASGI scope of ``POST path`` with a PNG body of ``len(body)`` bytes (the body itself is sent by receive)."""
+    headers = [(b"host", b"test"), (b"content-type", b"image/png"), (b"content-length", str(len(body)).encode())]
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 50000),
+        "server": ("test", 80),
+    }
+
+
 class HeldRequest:
     """A raw ASGI POST of one PNG whose body is sent only when ``release()`` is called."""
 
@@ -64,21 +83,7 @@ class HeldRequest:
         self.release_body = asyncio.Event()
         self.messages: list[dict] = []
         self.body_reads = 0
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "query_string": b"",
-            "root_path": "",
-            "headers": [(b"content-type", b"image/png"), (b"content-length", str(len(DIGIT_7)).encode())],
-            "client": ("127.0.0.1", 1),
-            "server": ("test", 80),
-        }
-        self.task = asyncio.create_task(app(scope, self._receive, self._send))
+        self.task = asyncio.create_task(app(asgi_post(path, DIGIT_7), self._receive, self._send))
 
     async def _receive(self) -> dict:
         self.body_reads += 1

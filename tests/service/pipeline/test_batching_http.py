@@ -18,7 +18,7 @@ import uvicorn
 
 from service.http.app import create_app
 from tests.conftest import MODEL_REPOSITORY, free_port, make_settings, png_bytes, running_app
-from tests.service.helpers import assert_problem, sample
+from tests.service.helpers import asgi_post, assert_problem, sample
 from tests.service.pipeline.recorded_runner import HANG_GUARD, RecordedRunner, batcher_of, one_of_each, until
 
 pytestmark = pytest.mark.anyio
@@ -115,25 +115,6 @@ async def test_a_full_queue_answers_503_with_retry_after(digits_test_split, monk
         assert (await plug).status_code == 200 and (await waiting).status_code == 200
     assert_problem(refused, 503, "queue is full")
     assert refused.headers["retry-after"] == "1"
-
-
-def asgi_post(path: str, body: bytes) -> dict:
-    """The ASGI scope of ``POST path`` with a PNG body."""
-    headers = [(b"host", b"test"), (b"content-type", b"image/png"), (b"content-length", str(len(body)).encode())]
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": headers,
-        "client": ("127.0.0.1", 50000),
-        "server": ("test", 80),
-    }
 
 
 async def test_a_client_that_disconnects_while_queued_is_dropped_and_counted_cancelled(
