@@ -70,6 +70,15 @@ class ResizePolicy:
         """True when H and W of the output depend on the image."""
         return False
 
+    def bounds(self, spec: Preprocessing) -> list[tuple[int, int]] | None:
+        """(height, width) sizes such that every output of this policy fits inside one of them.
+
+        Padding buckets must hold each (``spec.buckets``). None: outputs are unbounded, so no
+        bucket list can hold them. The default: the one fixed output size.
+        """
+        frame = spec.crop_size or spec.size
+        return None if frame is None else [(frame.height, frame.width)]
+
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels that an image of ``width`` x ``height`` pixels fills (before any crop)."""
         return pre.frame_size
@@ -144,6 +153,14 @@ class ShortestEdge(ResizePolicy):
 
     def dynamic(self, spec: Preprocessing) -> bool:
         return spec.crop_size is None
+
+    def bounds(self, spec: Preprocessing) -> list[tuple[int, int]] | None:
+        if spec.crop_size is not None:
+            return [(spec.crop_size.height, spec.crop_size.width)]
+        if spec.longest_edge is None or spec.shortest_edge is None:
+            return None  # a long strip keeps its short side at shortest_edge: any long side
+        # the short side is at most shortest_edge (S), the long one at most longest_edge (L)
+        return [(spec.shortest_edge, spec.longest_edge), (spec.longest_edge, spec.shortest_edge)]
 
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
         h, w = keep_aspect_size(height, width, pre.shortest_edge, pre.spec.longest_edge)
