@@ -29,9 +29,13 @@ class Request:
     queued: bool = True  # holds a place in the queue: not yet taken into a batch, expired or cancelled
     timer: Timer | None = None
     trace: tracing.Ticket | None = None  # its request's trace context (tracing on)
+    bucket: tuple[int, int] | None = None  # (H, W) the input is padded to, with a pixel mask; None: as is
 
     @property
     def shape(self) -> tuple[tuple[int, ...], str]:
+        """What a batch shares: the input's shape (its bucket's, when it has one) and dtype."""
+        if self.bucket is not None:
+            return (self.x.shape[0], *self.bucket), self.x.dtype.str
         return self.x.shape, self.x.dtype.str
 
     @property

@@ -72,6 +72,19 @@ class Preprocessing(_Strict):
         "to the first that holds it. None: no padding, every image its own shape.",
     )
 
+    def bucket_for(self, height: int, width: int) -> tuple[int, int] | None:
+        """(H, W) of the first bucket that holds an input of ``height`` x ``width``; None without buckets.
+
+        Raises:
+            ValueError: none holds it (the validator makes that impossible for the policy's outputs).
+        """
+        if self.buckets is None:
+            return None
+        for bucket in self.buckets:
+            if bucket.height >= height and bucket.width >= width:
+                return bucket.height, bucket.width
+        raise ValueError(f"no bucket holds a {height}x{width} input")
+
     @model_validator(mode="after")
     def _per_channel(self) -> Preprocessing:
         channels = 1 if self.color_mode == "L" else 3

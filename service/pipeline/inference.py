@@ -272,7 +272,8 @@ async def _submit(
     if x is None:  # decoding failed: the outcome already holds its problem
         return outcome
     try:
-        result = await model.batcher.submit(x, deadline=deadline)
+        bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+        result = await model.batcher.submit(x, deadline=deadline, bucket=bucket)
     except ProblemError as exc:
         return dataclasses.replace(outcome, error=exc)
     return dataclasses.replace(outcome, result=result)

@@ -84,9 +84,16 @@ class ModelVersion:
         Blocking; called from a worker thread before the server reports ready.
         """
         c, h, w = self.preprocessor.output_shape
+        buckets = self.preprocessor.spec.buckets
+        shapes = [(b.height, b.width) for b in buckets] if buckets else [(h, w)]
         for runner in self.instances or [self.runner]:
-            for batch_size in range(1, self.batcher.config.max_batch_size + 1):
-                runner.run(np.zeros((batch_size, c, h, w), dtype=np.float32))
+            for height, width in shapes:  # every bucket, at every batch size (issue 18: no first-run cost)
+                for batch_size in range(1, self.batcher.config.max_batch_size + 1):
+                    x = np.zeros((batch_size, c, height, width), dtype=np.float32)
+                    if buckets:
+                        runner.run(x, np.ones((batch_size, height, width), dtype=np.int64))
+                    else:
+                        runner.run(x)
         self.warmed_up = True
 
     async def until_unused(self) -> None:
