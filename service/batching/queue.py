@@ -39,6 +39,11 @@ class Request:
         return self.x.shape, self.x.dtype.str
 
     @property
+    def key(self) -> tuple[tuple[tuple[int, ...], str], bool]:
+        """What batch mates share: :attr:`shape`, and whether they are padded with a mask."""
+        return self.shape, self.bucket is not None
+
+    @property
     def waiting(self) -> bool:
         return self.queued and not self.future.done()
 
@@ -82,7 +87,7 @@ class RequestQueue:
                 if request.queued:  # cancelled, and its submit has not run its cleanup yet
                     self.leave(request)
                 continue
-            if not batch or request.shape == batch[0].shape:
+            if not batch or request.key == batch[0].key:
                 batch.append(request)
                 if len(batch) == max_batch_size:
                     break
