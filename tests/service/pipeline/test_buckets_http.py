@@ -77,6 +77,8 @@ async def test_each_photo_gets_the_same_detections_alone_and_in_batches_with_pho
         # Warm-up ran every bucket at every batch size, with a mask.
         warmed = {(shape[0], shape[2], shape[3]) for shape, masked in runs if masked}
         assert warmed == {(b, s.height, s.width) for s in spec.buckets for b in range(1, 9)}
+        (described,) = (await client.get("/v1/models/tiny-detr")).json()["versions"]
+        assert described["warm_up_seconds"] > 0 and len(described["preprocessing"]["buckets"]) == 5
         runs.clear()
         start = (await client.get("/metrics")).text  # the registry is the process's: count from here
 
