@@ -61,7 +61,9 @@ class Preprocessing(_Strict):
         (255, 255, 255), description="(R, G, B), 0-255, composited under transparent pixels before conversion."
     )
     shortest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the shorter side, in pixels.")
-    longest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the cap on the longer side.")
+    longest_edge: int | None = Field(
+        None, gt=0, description="shortest_edge policy: the cap on the longer side; fit policy: the longest side."
+    )
     crop_size: Size | None = Field(None, description="Centre crop after resizing (None: no crop).")
     pad_value: int = Field(0, ge=0, le=255, description="letterbox: the pixel value (0-255) of the padding")
     buckets: list[Size] | None = Field(

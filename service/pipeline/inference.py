@@ -360,24 +360,6 @@ async def infer_images(
     return list(await asyncio.gather(*(_submit(model, outcome, x, deadline) for outcome, x in decoded)))
 
 
-def timings(outcomes: list[ImageOutcome]) -> dict[str, float]:
-    """Decode, queue and compute seconds of a request, for ``Server-Timing``.
-
-    With several images each figure is the largest among them (what the client waited for).
-    An image padded to a bucket adds ``pad``: the share of its batch's compute spent on its
-    padding, estimated as compute x its padded fraction (compute grows with the pixels run).
-    """
-    phases = {
-        "decode": max(o.decode_seconds for o in outcomes),
-        "queue": max((o.result.queue_seconds for o in outcomes if o.result), default=0.0),
-        "compute": max((o.result.compute_seconds for o in outcomes if o.result), default=0.0),
-    }
-    padded = [o.result.compute_seconds * o.padding for o in outcomes if o.result and o.padding > 0]
-    if padded:
-        phases["pad"] = max(padded)
-    return phases
-
-
 def response_body(
     model: ModelVersion,
     outcomes: list[ImageOutcome],
