@@ -1,11 +1,21 @@
 """DETR checkpoint (written by ``models/train_detr.py``) -> ``model.onnx`` + ``model.json``.
 
-The graph maps ``pixel_values`` (B, C, H, W) to ``pred_logits`` (B, N, num_classes + 1) and
+The graph maps ``pixel_values`` (B, C, H, W) to ``pred_logits`` (B, N, num_classes [+ 1]) and
 ``pred_boxes`` (B, N, 4) normalised (cx, cy, w, h): raw outputs, no post-processing in the
-graph. The batch axis is symbolic; H and W are fixed, as the letterbox preprocessing always
-produces the model's input size. Parity is measured on real test canvases at batch sizes 1
-and 7; the test AP is measured on the whole test split through ONNX Runtime with the server's
-own preprocessing and post-processing, so it is the AP served over HTTP.
+graph. The batch axis is symbolic. Two input forms, as the checkpoint says (``pixel_mask``):
+
+* letterbox (no mask): H and W fixed, the letterbox preprocessing always produces the model's
+  input size; boxes are relative to that padded frame.
+* bucketed (``pixel_mask``; issue 18): a second input ``pixel_mask`` (B, H, W) int64, H and W
+  dynamic; the served preprocessing is the ``fit`` policy (the training's resize) with padding
+  :func:`serving_buckets`; boxes are relative to each unpadded image.
+
+``postprocess`` ``"sigmoid"`` (the focal classification loss) is served by the
+``sigmoid_top_k`` score rule with ``top_k`` 100, as the training's evaluation reads it; the
+labels then have no "no object" class. Parity is measured on real test canvases at batch sizes
+1 and 7 (bucketed: padded batches with their masks); the test AP is measured on the whole test
+split through ONNX Runtime with the server's own preprocessing, batching by bucket and
+post-processing, so it is the AP served over HTTP.
 """
 
 from __future__ import annotations
@@ -24,22 +34,82 @@ from service.imaging.preprocess import Preprocessor
 from service.imaging.spec import Preprocessing
 from service.runtime.manifest import SCHEMA_VERSION, Manifest, Provenance, TensorSpec, write_manifest
 from service.tasks import detection
+from service.tasks.detection_scores import SigmoidTopK
 
 OUTPUT_NAMES = ("pred_logits", "pred_boxes")
+MASK_NAME = "pixel_mask"
+SIGMOID_TOP_K = 100  # (query, class) pairs kept before the threshold: models.detection_eval.sigmoid_detect's
 
 
 def onnx_runner(path: Path) -> RunFn:
-    """The graph at ``path`` as a :data:`models.detection_eval.RunFn` (ONNX Runtime, CPU)."""
+    """The graph at ``path`` as a :data:`models.detection_eval.RunFn` (ONNX Runtime, CPU).
+
+    A graph with a pixel mask takes ``run(batch, mask)``; without a mask it runs all ones.
+    """
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    input_name = session.get_inputs()[0].name
+    names = [i.name for i in session.get_inputs()]
 
-    def run(batch: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        logits, boxes = session.run(list(OUTPUT_NAMES), {input_name: batch})
+    def run(batch: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        feed = {names[0]: batch}
+        if len(names) > 1:
+            feed[names[1]] = mask if mask is not None else np.ones((batch.shape[0], *batch.shape[2:]), np.int64)
+        logits, boxes = session.run(list(OUTPUT_NAMES), feed)
         return logits, boxes
 
     return run
+
+
+def serving_buckets(longest_edge: int, pad_to: str) -> list[dict[str, int]]:
+    """The padding buckets (H, W) a bucketed checkpoint is served with, smallest first.
+
+    ``pad_to`` ``"max"`` (trained on one padded square): that square. ``"bucket"``: the sides
+    3/4 of ``longest_edge`` and all of it, in the four combinations (at 128: 96x96, 96x128, 128x96,
+    128x128). Trained on finer buckets (sides in steps of 16), the model sees more padding in
+    these, which its mask makes harmless to the attention; the test AP below is measured with them.
+    """
+    if pad_to == "max":
+        return [{"height": longest_edge, "width": longest_edge}]
+    sides = [longest_edge * 3 // 4, longest_edge]
+    buckets = [{"height": h, "width": w} for h in sides for w in sides]
+    return sorted(buckets, key=lambda b: (b["height"] * b["width"], b["height"]))
+
+
+def served_preprocessing(checkpoint: dict[str, Any]) -> Preprocessing:
+    """The manifest's preprocessing for a checkpoint: its own (letterbox), or ``fit`` with buckets (masked)."""
+    spec = dict(checkpoint["preprocessing"])
+    if not checkpoint.get("pixel_mask"):
+        return Preprocessing.model_validate(spec)
+    kept = ("color_mode", "interpolation", "scale", "mean", "std", "background")
+    return Preprocessing.model_validate(
+        {
+            **{k: spec[k] for k in kept if k in spec},
+            "resize": "fit",
+            "longest_edge": spec["longest_edge"],
+            "buckets": serving_buckets(spec["longest_edge"], spec.get("pad_to", "bucket")),
+        }
+    )
+
+
+def _parity_inputs(
+    preprocess: Preprocessor, images: list[np.ndarray], masked: bool
+) -> list[torch.Tensor | tuple[torch.Tensor, torch.Tensor]]:
+    """Batch 1 and batch 7 of test canvases; bucketed: each padded to the largest bucket with its mask."""
+    from PIL import Image
+
+    inputs = [preprocess(Image.fromarray(image)) for image in images[:7]]
+    if not masked:
+        stacked = torch.from_numpy(np.stack(inputs))  # (7, C, H, W)
+        return [stacked[:1], stacked]
+    buckets = preprocess.spec.buckets or []
+    height, width = buckets[-1].height, buckets[-1].width  # holds every canvas
+    batch = np.zeros((len(inputs), inputs[0].shape[0], height, width), np.float32)
+    mask = np.zeros((len(inputs), height, width), np.int64)
+    for i, x in enumerate(inputs):
+        batch[i, :, : x.shape[1], : x.shape[2]], mask[i, : x.shape[1], : x.shape[2]] = x, 1
+    values, masks = torch.from_numpy(batch), torch.from_numpy(mask)
+    return [(values[:1], masks[:1]), (values, masks)]
 
 
 def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifest:
@@ -52,24 +122,45 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
     model = DETR(config)
     model.load_state_dict(checkpoint["state_dict"])
     model.eval()
-    graph = DETRForExport(model).eval()
+    masked = bool(checkpoint.get("pixel_mask"))
+    postprocess = checkpoint.get("postprocess", "softmax")
+    graph = DETRForExport(model, mask=masked).eval()
 
-    preprocessing = Preprocessing.model_validate(checkpoint["preprocessing"])
+    preprocessing = served_preprocessing(checkpoint)
     preprocess = Preprocessor(preprocessing)
     test = load_split("test", None, checkpoint["split_sizes"]["test"])
-    from PIL import Image
-
-    inputs = torch.from_numpy(np.stack([preprocess(Image.fromarray(c.image)) for c in test[:7]]))  # (7, C, H, W)
+    batches = _parity_inputs(preprocess, [c.image for c in test], masked)
     path = out / "model.onnx"
-    export_onnx(graph, inputs[:2], path, output_names=OUTPUT_NAMES, opset=opset)
-    diffs = parity(graph, path, [inputs[:1], inputs])
+    example = batches[-1]
+    if isinstance(example, tuple):
+        export_onnx(graph, example[0][:2], path, output_names=OUTPUT_NAMES, mask=example[1][:2], opset=opset)
+    else:
+        export_onnx(graph, example[:2], path, output_names=OUTPUT_NAMES, opset=opset)
+    diffs = parity(graph, path, batches)
 
     labels = checkpoint["labels"]
-    detections = detect_images(onnx_runner(path), [c.image for c in test], preprocessing, labels)
+    detections = detect_images(
+        onnx_runner(path), [c.image for c in test], preprocessing, labels, postprocess=postprocess
+    )
     onnx_ap = coco_ap(to_coco(test), detections)
     trained = checkpoint["metrics"]
 
     c, h, w = preprocess.output_shape
+    hw: list[int | str] = ["height", "width"] if masked else [h, w]
+    task_options: dict[str, Any] | None = None  # softmax with "no object" last: the detection task's default
+    if postprocess == "sigmoid":
+        task_options = {"scores": SigmoidTopK.name, "top_k": SIGMOID_TOP_K, "box_format": "cxcywh"}
+    if masked:
+        frame = (
+            f"Resize policy: fit (shrink to a longest side of {preprocessing.longest_edge} px, never enlarge), then "
+            f"padded bottom and right to the first bucket that holds it ({len(preprocessing.buckets or [])} buckets) "
+            "with pixel_mask; pred_boxes are normalised cxcywh of the unpadded image."
+        )
+    else:
+        frame = (
+            f"Resize policy: letterbox to {w}x{h} (keep the aspect ratio, pad bottom and right with "
+            f"{preprocessing.pad_value}); pred_boxes are normalised cxcywh in that padded frame."
+        )
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
         task=detection.TASK.name,
@@ -77,9 +168,11 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
             f"DETR ({config.backbone} backbone, d={config.hidden_size}, {config.num_encoder_layers}+"
             f"{config.num_decoder_layers} layers, {config.num_queries} queries) trained on {checkpoint['dataset']}"
         ),
-        input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, h, w]),
+        input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, *hw]),
+        pixel_mask=MASK_NAME if masked else None,
         outputs=list(OUTPUT_NAMES),
         roles=dict(zip(detection.TASK.roles, OUTPUT_NAMES, strict=True)),
+        task_options=task_options,
         preprocessing=preprocessing,
         labels=labels,
         provenance=Provenance(
@@ -98,11 +191,7 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
                 "train_cpu_seconds": trained["train_cpu_seconds"],
             },
             export=export_info(opset, diffs),
-            notes=(
-                f"Resize policy: letterbox to {w}x{h} (keep the aspect ratio, pad bottom and right with "
-                f"{preprocessing.pad_value}); pred_boxes are normalised cxcywh in that padded frame. "
-                "COCO AP (pycocotools) with every query kept (threshold 0), boxes in canvas pixels."
-            ),
+            notes=frame + " COCO AP (pycocotools) with every query kept (threshold 0), boxes in canvas pixels.",
         ),
     )
     write_manifest(manifest, out / "model.json")

@@ -20,7 +20,10 @@ Supported architectures (``config.json``'s ``architectures[0]``):
 * ``DetrForObjectDetection`` (Carion et al. 2020) with transformers' own ResNet backbone
   (``use_timm_backbone=false``, as the hub's ``no_timm`` revisions are): ``pred_logits``
   (B, num_queries, num_labels + 1, no-object last) and ``pred_boxes`` (B, num_queries, 4),
-  normalised (cx, cy, w, h); height and width are dynamic. A timm-backbone checkpoint is
+  normalised (cx, cy, w, h) to the unpadded image; height and width are dynamic. The graph takes
+  a second input, ``pixel_mask`` (B, H, W) int64, 1 on image pixels and 0 on padding, so that
+  images of several sizes share a batch padded to one of a few ``buckets``
+  (:func:`default_buckets`; Carion et al. 2020, Sec. 4). A timm-backbone checkpoint is
   refused with the reason: timm needs torchvision, which cannot be installed beside this torch.
 
 The manifest's preprocessing and labels come from the checkpoint's own
@@ -232,8 +235,28 @@ class _Detector(nn.Module):
         self.model = model
 
     def forward(self, pixel_values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        # No pixel_mask: the server never pads, so DETR's default all-ones mask is the right one.
         outputs = self.model(pixel_values=pixel_values)
+        return outputs.logits, outputs.pred_boxes
+
+
+class _MaskedDetector(nn.Module):
+    """:class:`_Detector` with transformers' ``pixel_mask`` int64 (B, H, W) as a second input.
+
+    ``DetrForObjectDetection(pixel_values, pixel_mask)``: the backbone's mask, downsampled to
+    each feature map, keeps padded positions out of the sine position encoding's normalisation
+    and out of the encoder's and decoder's attention keys; ``pred_boxes`` are normalised to the
+    unpadded image.
+    """
+
+    def __init__(self, model: PreTrainedModel) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, pixel_values: torch.Tensor, pixel_mask: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # None (a processor with no longest_edge, so no buckets): exported with one input.
+        outputs = self.model(pixel_values=pixel_values, pixel_mask=pixel_mask)
         return outputs.logits, outputs.pred_boxes
 
 
@@ -255,6 +278,8 @@ class _Head:
         class_map_grid: (config.json, input (H, W)) -> the final token grid (rows, cols) when the
             wrapper's last output is per-token class scores (``ClassMapSpec``); None: no such output.
         note: config.json -> a line for the manifest's notes (how the head computes), or "".
+        mask: the wrapper takes a ``pixel_mask`` after the pixel values; a ``shortest_edge``
+            policy with ``longest_edge`` then gets :func:`default_buckets`.
     """
 
     task: str
@@ -272,6 +297,7 @@ class _Head:
     task_options: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     check: Callable[[dict[str, Any], Path], None] | None = None
     exporting: Callable[[PreTrainedModel], AbstractContextManager[Any]] | None = None
+    mask: bool = False
 
 
 def register(architecture: str, head: _Head) -> None:
@@ -297,7 +323,7 @@ _DEIT = replace(_CLASSIFIER, prefix_tokens=lambda config: ["class", "distillatio
 _DISTILLED = replace(_DEIT, note=lambda config: "logits = (class head + distillation head) / 2, DeiT's inference rule")
 _DETECTOR = _Head(
     detection.TASK.name,
-    _Detector,
+    _MaskedDetector,
     ("pred_logits", "pred_boxes"),
     {"logits": "pred_logits", "boxes": "pred_boxes"},
     _DETR_DEFAULT_SIZE,
@@ -305,6 +331,7 @@ _DETECTOR = _Head(
     no_object=True,
     crop=False,
     check=lambda config, folder: check_backbone(config, folder),
+    mask=True,
 )
 HEADS = {
     "ViTForImageClassification": _CLASSIFIER,
@@ -330,6 +357,62 @@ def sample_image(seed: int, width: int, height: int) -> Image.Image:
     channels = [127 + 100 * np.sin(xx / (9 + 5 * c) + yy / (13 + 3 * c) + phase[c]) for c in range(3)]
     pixels = np.stack(channels, axis=-1) + rng.normal(0, 12, size=(height, width, 3))
     return Image.fromarray(np.clip(pixels, 0, 255).astype(np.uint8), mode="RGB")
+
+
+def default_buckets(shortest_edge: int, longest_edge: int) -> list[Size]:
+    """Padding buckets (H, W) for the ``shortest_edge`` policy, smallest first: at most 5.
+
+    A resized image has one side ``shortest_edge`` (S) and the other between S and
+    ``longest_edge`` (L), or its long side L and the short one under S (an image longer than
+    L / S). The buckets are S x S (square photos), S x 4S/3 (4:3, the commonest photo shape,
+    exactly) and S x L, and the two portrait ones: every image fits one, with at most 25 % of a
+    bucket padding for an aspect ratio up to 4:3 (S=800, L=1333: 800x800, 800x1066, 800x1333,
+    1066x800, 1333x800; 1066 is what the processor's arithmetic gives a 4:3 photo).
+    """
+    sides = [shortest_edge]
+    four_three = shortest_edge * 4 // 3
+    if shortest_edge < four_three < longest_edge:
+        sides.append(four_three)
+    if longest_edge > shortest_edge:
+        sides.append(longest_edge)
+    landscape = [Size(height=shortest_edge, width=side) for side in sides]
+    portrait = [Size(height=side, width=shortest_edge) for side in sides[1:]]
+    return sorted([*landscape, *portrait], key=lambda b: (b.height * b.width, b.height))
+
+
+def bucket_of(height: int, width: int, buckets: list[Size]) -> Size:
+    """The first of ``buckets`` that holds an (H, W) image (:class:`Preprocessing`'s rule).
+
+    Raises:
+        ValueError: none holds it.
+    """
+    for bucket in buckets:
+        if bucket.height >= height and bucket.width >= width:
+            return bucket
+    raise ValueError(f"no bucket holds a {height}x{width} image: {buckets}")
+
+
+def pad_to_bucket(images: list[np.ndarray], bucket: Size) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, h, w) arrays -> float32 (B, C, H, W) padded bottom and right with 0, and int64 (B, H, W) mask."""
+    channels = images[0].shape[0]
+    batch = np.zeros((len(images), channels, bucket.height, bucket.width), np.float32)
+    mask = np.zeros((len(images), bucket.height, bucket.width), np.int64)
+    for i, image in enumerate(images):
+        _, h, w = image.shape
+        batch[i, :, :h, :w] = image
+        mask[i, :h, :w] = 1
+    return torch.from_numpy(batch), torch.from_numpy(mask)
+
+
+def _masked_parity_batches(preprocess: Preprocessor, buckets: list[Size]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Padded batches with their masks: a landscape photo alone in its bucket, then 3 photos of
+    other sizes padded together to the bucket of the largest (as the server's batcher forms them)."""
+    alone = preprocess(sample_image(0, 640, 500))  # 5:4: padded on the right within the S x 4S/3 bucket
+    sizes = ((600, 480), (640, 640), (560, 480))  # (W, H): 5:4, square, 7:6
+    mixed = [preprocess(sample_image(seed, w, h)) for seed, (w, h) in enumerate(sizes, 1)]
+    shared = bucket_of(max(a.shape[1] for a in mixed), max(a.shape[2] for a in mixed), buckets)
+    _, h, w = alone.shape
+    return [pad_to_bucket([alone], bucket_of(h, w, buckets)), pad_to_bucket(mixed, shared)]
 
 
 def _parity_batches(preprocess: Preprocessor) -> list[torch.Tensor]:
@@ -371,21 +454,44 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     if head.check is not None:
         head.check(config, folder)
     preprocessing = preprocessing_from_processor(processor, head)
+    if (
+        head.mask
+        and preprocessing.resize == "shortest_edge"
+        and preprocessing.longest_edge
+        and not preprocessing.crop_size
+    ):
+        buckets = default_buckets(preprocessing.shortest_edge or 0, preprocessing.longest_edge)
+        preprocessing = Preprocessing.model_validate(
+            {**preprocessing.model_dump(), "buckets": [b.model_dump() for b in buckets]}
+        )
     labels = labels_from_config(config, head)
     model = load_model(folder, architecture, eager=head.prefix_tokens is not None)
     wrapper = head.wrapper(model)
     output_names = head.outputs
 
     preprocess = Preprocessor(preprocessing)
-    batches = _parity_batches(preprocess)
+    batches: list[Any] = (
+        _masked_parity_batches(preprocess, preprocessing.buckets)
+        if preprocessing.buckets
+        else _parity_batches(preprocess)
+    )
+    first, example = (batches[0], batches[-1]) if preprocessing.buckets else ((batches[0],), (batches[-1], None))
     with torch.no_grad():
-        probe = wrapper(batches[0])
+        probe = wrapper(*first)
     width = probe[0].shape[-1]  # the class scores come first
     if width != len(labels):
         raise ImportRefused(f"{folder}: the model outputs {width} classes but id2label gives {len(labels)} labels")
     path = out / "model.onnx"
     with head.exporting(model) if head.exporting else nullcontext():
-        export_onnx(wrapper, batches[-1], path, output_names=output_names, dynamic_hw=preprocess.dynamic, opset=opset)
+        export_onnx(
+            wrapper,
+            example[0],
+            path,
+            output_names=output_names,
+            dynamic_hw=preprocess.dynamic,
+            mask=example[1],
+            opset=opset,
+        )
     diffs = parity(wrapper, path, batches)
 
     c, h, w = preprocess.output_shape
@@ -413,12 +519,19 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
             raise ImportRefused(f"{folder}: {probe[-1].shape[1]} final tokens, expected a {rows}x{cols} grid")
     if head.no_object:
         notes.append(f"pred_logits has {len(labels)} columns, the last ('{NO_OBJECT}') DETR's no-object class")
+    if preprocessing.buckets:
+        notes.append(
+            "pixel_mask int64 (B, H, W): 1 on image pixels, 0 on the padding to the bucket; pred_boxes are "
+            "normalised to the unpadded image, as transformers' post_process_object_detection reads them with "
+            "each image's own target_sizes"
+        )
     source = config.get("_name_or_path") or folder.name
     manifest = Manifest(
         schema_version=SCHEMA_VERSION,
         task=head.task,
         description=f"{architecture} imported from the transformers checkpoint {source}",
         input=TensorSpec(name="pixel_values", dtype="float32", shape=["batch", c, *hw]),
+        pixel_mask="pixel_mask" if preprocessing.buckets else None,
         outputs=list(output_names),
         roles=head.roles,
         task_options=head.task_options(config) if head.task_options else None,

@@ -35,17 +35,25 @@ def export_onnx(
     input_name: str = "pixel_values",
     output_names: Sequence[str] = ("logits",),
     dynamic_hw: bool = False,
+    mask: torch.Tensor | None = None,
+    mask_name: str = "pixel_mask",
     opset: int = DEFAULT_OPSET,
 ) -> None:
     """Export ``model`` (in eval mode) to ``path`` as a single self-contained ONNX file.
 
     Args:
-        model: maps float32 (B, C, H, W) to the tensors named by ``output_names``.
+        model: maps float32 (B, C, H, W) (and, with ``mask``, the mask) to the tensors named by
+            ``output_names``.
         example: an example input (B, C, H, W) used for tracing.
         path: where to write ``model.onnx``.
         input_name: the graph's input name.
         output_names: names for the model's outputs, in order.
         dynamic_hw: also make H and W symbolic (for models that accept any size).
+        mask: an example int64 (B, H, W) pixel mask, 1 on real pixels and 0 on padding (Carion et
+            al. 2020, Sec. 4; transformers' ``pixel_mask``): the graph gets it as a second input,
+            ``mask_name``, sharing the image's batch, height and width axes (symbolic H and W:
+            padded batches come in several shapes).
+        mask_name: the second input's name.
         opset: ONNX opset version.
 
     Raises:
@@ -56,17 +64,23 @@ def export_onnx(
     model.eval()
     batch = torch.export.Dim("batch", min=1, max=1024)
     axes: dict[int, object] = {0: batch}
-    if dynamic_hw:
-        axes.update({2: torch.export.Dim("height", min=32, max=4096), 3: torch.export.Dim("width", min=32, max=4096)})
+    if dynamic_hw or mask is not None:
+        height, width = torch.export.Dim("height", min=32, max=4096), torch.export.Dim("width", min=32, max=4096)
+        axes.update({2: height, 3: width})
+    args: tuple[torch.Tensor, ...] = (example,)
+    names = [input_name]
+    shapes: tuple[dict[int, object], ...] = (axes,)
+    if mask is not None:
+        args, names, shapes = (example, mask), [input_name, mask_name], (axes, {0: batch, 1: height, 2: width})
     path.parent.mkdir(parents=True, exist_ok=True)
     with torch.no_grad():
         program = torch.onnx.export(
             model,
-            (example,),
+            args,
             dynamo=True,
-            input_names=[input_name],
+            input_names=names,
             output_names=list(output_names),
-            dynamic_shapes=(axes,),
+            dynamic_shapes=shapes,
             opset_version=opset,
             external_data=False,
         )
@@ -77,18 +91,23 @@ def export_onnx(
 
 
 def parity(
-    model: nn.Module, path: Path, inputs: Sequence[torch.Tensor], tolerance: float = PARITY_TOLERANCE
+    model: nn.Module,
+    path: Path,
+    inputs: Sequence[torch.Tensor | tuple[torch.Tensor, torch.Tensor]],
+    tolerance: float = PARITY_TOLERANCE,
 ) -> dict[str, float]:
     """Max |ONNX Runtime - PyTorch| over every output, for each input batch.
 
     Args:
         model: the PyTorch module that was exported.
         path: the exported ``model.onnx``.
-        inputs: batches (B, C, H, W) to compare on, e.g. of batch size 1 and 7.
+        inputs: batches (B, C, H, W) to compare on, e.g. of batch size 1 and 7; for a graph with a
+            pixel mask, (pixel values, int64 (B, H, W) mask) pairs, fed to the graph's two inputs
+            in order.
         tolerance: the largest accepted absolute difference.
 
     Returns:
-        ``{str(batch_size): max_abs_diff}``.
+        ``{str(batch_size): max_abs_diff}`` (a later batch of the same size overwrites an earlier).
 
     Raises:
         ParityError: a difference above ``tolerance``.
@@ -96,18 +115,20 @@ def parity(
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    input_name = session.get_inputs()[0].name
+    input_names = [i.name for i in session.get_inputs()]
     model.eval()
     result = {}
-    for x in inputs:
+    for batch in inputs:
+        tensors = batch if isinstance(batch, tuple) else (batch,)
         with torch.no_grad():
-            expected = model(x)
+            expected = model(*tensors)
         expected = expected if isinstance(expected, (tuple, list)) else (expected,)
-        got = session.run(None, {input_name: x.numpy()})
+        got = session.run(None, {name: t.numpy() for name, t in zip(input_names, tensors, strict=True)})
         diff = max(float(np.max(np.abs(e.numpy() - g))) for e, g in zip(expected, got, strict=True))
-        result[str(x.shape[0])] = diff
+        size = tensors[0].shape[0]
+        result[str(size)] = diff
         if diff > tolerance:
-            raise ParityError(f"{path}: batch {x.shape[0]}: max |ORT - PyTorch| = {diff:.2e} > {tolerance:.0e}")
+            raise ParityError(f"{path}: batch {size}: max |ORT - PyTorch| = {diff:.2e} > {tolerance:.0e}")
     log.info("parity %s: %s", path, result)
     return result
 

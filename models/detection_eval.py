@@ -22,7 +22,8 @@ import numpy as np
 from PIL import Image
 
 # (B, C, H, W) float32 inputs -> (pred_logits (B, N, K + 1), pred_boxes (B, N, 4)), numpy.
-RunFn = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+# (B, C, H, W) [, int64 (B, H, W) pixel mask for a model with padding buckets] -> (logits, boxes)
+RunFn = Callable[..., tuple[np.ndarray, np.ndarray]]
 
 
 def sigmoid_detect(
@@ -125,15 +126,29 @@ def detect_images(
 
     detect = score_rule(postprocess)
     preprocess = Preprocessor(preprocessing)
-    results: list[list[dict[str, Any]]] = []
+    results: dict[int, list[dict[str, Any]]] = {}
     for start in range(0, len(images), batch_size):
         chunk = [
             Image.fromarray(pixels).convert(preprocessing.color_mode) for pixels in images[start : start + batch_size]
         ]
-        logits, boxes = run(np.stack([preprocess(image) for image in chunk]))  # (B, N, K + 1), (B, N, 4)
-        for image, image_logits, image_boxes in zip(chunk, logits, boxes, strict=True):
-            results.append(
-                detect(
+        inputs = [preprocess(image) for image in chunk]
+        # With padding buckets (a masked graph), images of one bucket run together, as the server batches them.
+        groups: dict[tuple[int, int] | None, list[int]] = {}
+        for i, x in enumerate(inputs):
+            groups.setdefault(preprocessing.bucket_for(x.shape[1], x.shape[2]), []).append(i)
+        for bucket, members in groups.items():
+            if bucket is None:
+                logits, boxes = run(np.stack([inputs[i] for i in members]))  # (B, N, K + 1), (B, N, 4)
+            else:
+                batch = np.zeros((len(members), inputs[0].shape[0], *bucket), np.float32)
+                mask = np.zeros((len(members), *bucket), np.int64)
+                for row, i in enumerate(members):
+                    _, h, w = inputs[i].shape
+                    batch[row, :, :h, :w], mask[row, :h, :w] = inputs[i], 1
+                logits, boxes = run(batch, mask)
+            for i, image_logits, image_boxes in zip(members, logits, boxes, strict=True):
+                image = chunk[i]
+                results[start + i] = detect(
                     image_logits,
                     image_boxes,
                     labels,
@@ -142,8 +157,7 @@ def detect_images(
                     box_scale=preprocess.box_scale(image.size, image.size),
                     image_size=image.size,
                 )
-            )
-    return results
+    return [results[i] for i in range(len(images))]
 
 
 def to_coco_results(image_id: int, detections: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -89,6 +89,37 @@ def stack_inputs(inputs: Sequence[np.ndarray], out: np.ndarray | None = None) ->
     return np.stack(inputs, out=out)
 
 
+def pad_inputs(inputs: Sequence[np.ndarray], out: np.ndarray, mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Build one padded batch: B arrays (C, h_i, w_i) -> (B, C, H, W) and its pixel mask (B, H, W).
+
+    Each input sits at the top-left of its row; the rest of the row is 0 (in input space, as the
+    Hugging Face ``DetrImageProcessor.pad`` pads) and 0 in the mask, which is 1 on the input's
+    pixels (Carion et al. 2020, Sec. 4).
+
+    Args:
+        inputs: the B inputs, each at most (C, H, W).
+        out: a (B, C, H, W) array of their dtype to write into (a batch buffer), every element written.
+        mask: an int64 (B, H, W) array to write into, every element written.
+
+    Returns:
+        ``out`` and ``mask``, filled.
+
+    Raises:
+        ValueError: an input larger than (H, W) or with other channels.
+    """
+    channels, height, width = out.shape[1:]
+    for i, x in enumerate(inputs):
+        c, h, w = x.shape
+        if c != channels or h > height or w > width:
+            raise ValueError(f"an input of shape {x.shape} does not fit a padded batch of {out.shape[1:]}")
+        out[i, :, :h, :w] = x
+        out[i, :, h:, :] = 0
+        out[i, :, :h, w:] = 0
+        mask[i] = 0
+        mask[i, :h, :w] = 1
+    return out, mask
+
+
 def split_outputs(outputs: Mapping[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:
     """Check that every output has one row per input, then split them into per-input rows.
 

@@ -42,7 +42,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, split_outputs, stack_inputs
+from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, pad_inputs, split_outputs, stack_inputs
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
 from service.batching.queue import Request, RequestQueue
@@ -167,7 +167,9 @@ class Batcher:
         assert not self.running, "release a stopped batcher only"
         self._runners, self._buffers = [], []
 
-    async def submit(self, x: np.ndarray, *, deadline: float | None = None) -> InferenceResult:
+    async def submit(
+        self, x: np.ndarray, *, deadline: float | None = None, bucket: tuple[int, int] | None = None
+    ) -> InferenceResult:
         """Queue one input and wait for its row of the batch's outputs.
 
         Cancelling the caller (the client disconnected) takes the input out of the queue: it is
@@ -177,6 +179,10 @@ class Batcher:
             x: float32 array (C, H, W).
             deadline: when the request expires, on ``self.clock`` (see :meth:`deadline`);
                 None: ``request_timeout`` from now.
+            bucket: (H, W) to pad ``x`` to: it then shares batches with every input of that
+                bucket, whatever its own size, and the runner is called as ``run(batch, mask)``
+                with the int64 (B, H, W) pixel mask (:func:`pad_inputs`). None: ``x`` batches
+                with inputs of its own shape only, and ``run(batch)``.
 
         Raises:
             Unavailable: the queue is full, or the batching loop is not running (503, Retry-After).
@@ -191,7 +197,9 @@ class Batcher:
             raise DeadlineExceeded(f"model {self.name}: the request's deadline passed before it was queued")
         if self._queue.queued >= self.config.queue_size:
             raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size} waiting); retry shortly")
-        request = Request(x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued())
+        request = Request(
+            x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued(), bucket=bucket
+        )
         request.timer = self.clock.call_at(deadline, functools.partial(self._expire, request))
         self._queue.add(request)
         self._wake.set()
@@ -233,11 +241,18 @@ class Batcher:
         started = self.clock.now()
         trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
         try:
-            first = batch[0].x
-            buffer = self._buffers[runner].get(first.shape, first.dtype, len(batch))
-            inputs = stack_inputs([request.x for request in batch], out=buffer)  # (B, C, H, W)
+            first = batch[0]
+            shape, dtype = first.shape
+            buffer = self._buffers[runner].get(shape, np.dtype(dtype), len(batch))
             run = self._runners[runner]
-            outputs = await asyncio.get_running_loop().run_in_executor(self._executors[runner], run, inputs)
+            loop = asyncio.get_running_loop()
+            if first.bucket is None:
+                inputs = stack_inputs([request.x for request in batch], out=buffer)  # (B, C, H, W)
+                outputs = await loop.run_in_executor(self._executors[runner], run, inputs)
+            else:
+                mask = self._buffers[runner].get(first.bucket, np.dtype(np.int64), len(batch))  # (B, H, W)
+                inputs, mask = pad_inputs([request.x for request in batch], buffer, mask)
+                outputs = await loop.run_in_executor(self._executors[runner], run, inputs, mask)
             rows = split_outputs(detach(outputs, buffer), len(batch))
         except Exception as exc:  # this batch fails alone; the loop goes on
             tracing.batch_ended(trace, exc)

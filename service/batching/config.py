@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]  # (B, C, H, W) -> {output name: (B, ...)}
+# (B, C, H, W) [, int64 (B, H, W) pixel mask for bucketed inputs] -> {output name: (B, ...)}
+RunFn = Callable[..., Mapping[str, np.ndarray]]
 
 
 @dataclass(frozen=True)

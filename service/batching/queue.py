@@ -29,10 +29,19 @@ class Request:
     queued: bool = True  # holds a place in the queue: not yet taken into a batch, expired or cancelled
     timer: Timer | None = None
     trace: tracing.Ticket | None = None  # its request's trace context (tracing on)
+    bucket: tuple[int, int] | None = None  # (H, W) the input is padded to, with a pixel mask; None: as is
 
     @property
     def shape(self) -> tuple[tuple[int, ...], str]:
+        """What a batch shares: the input's shape (its bucket's, when it has one) and dtype."""
+        if self.bucket is not None:
+            return (self.x.shape[0], *self.bucket), self.x.dtype.str
         return self.x.shape, self.x.dtype.str
+
+    @property
+    def key(self) -> tuple[tuple[tuple[int, ...], str], bool]:
+        """What batch mates share: :attr:`shape`, and whether they are padded with a mask."""
+        return self.shape, self.bucket is not None
 
     @property
     def waiting(self) -> bool:
@@ -78,7 +87,7 @@ class RequestQueue:
                 if request.queued:  # cancelled, and its submit has not run its cleanup yet
                     self.leave(request)
                 continue
-            if not batch or request.shape == batch[0].shape:
+            if not batch or request.key == batch[0].key:
                 batch.append(request)
                 if len(batch) == max_batch_size:
                     break

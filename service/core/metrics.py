@@ -67,6 +67,12 @@ BATCHES = Counter(
     ["model", "version", "reason"],
 )
 BATCH_SIZE = Histogram("patchserve_batch_size", "Images per model run.", ["model", "version"], buckets=_BATCH_BUCKETS)
+PADDING_FRACTION = Histogram(
+    "patchserve_padding_fraction",
+    "Padded pixels over all pixels of the bucket an image was padded to (models with padding buckets only).",
+    ["model", "version"],
+    buckets=(0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0),
+)
 QUEUE_DEPTH = Gauge(
     "patchserve_queue_depth",
     "Images waiting in the batcher's queue.",

@@ -7,6 +7,8 @@ from typing import Any
 import orjson
 from fastapi.responses import JSONResponse
 
+from service.pipeline.inference import ImageOutcome
+
 
 class JSON(JSONResponse):
     """``application/json`` rendered with orjson (numpy scalars and arrays included)."""
@@ -23,3 +25,21 @@ def server_timing(**phases: float) -> str:
     as the header's spec says, in the order given.
     """
     return ", ".join(f"{name};dur={seconds * 1e3:.3f}" for name, seconds in phases.items())
+
+
+def timings(outcomes: list[ImageOutcome]) -> dict[str, float]:
+    """Decode, queue and compute seconds of a request, for ``Server-Timing``.
+
+    With several images each figure is the largest among them (what the client waited for).
+    An image padded to a bucket adds ``pad``: the share of its batch's compute spent on its
+    padding, estimated as compute x its padded fraction (compute grows with the pixels run).
+    """
+    phases = {
+        "decode": max(o.decode_seconds for o in outcomes),
+        "queue": max((o.result.queue_seconds for o in outcomes if o.result), default=0.0),
+        "compute": max((o.result.compute_seconds for o in outcomes if o.result), default=0.0),
+    }
+    padded = [o.result.compute_seconds * o.padding for o in outcomes if o.result and o.padding > 0]
+    if padded:
+        phases["pad"] = max(padded)
+    return phases

@@ -63,10 +63,8 @@ class Preprocessor:
         channels = 1 if self.spec.color_mode == "L" else 3
         if self.spec.crop_size is not None:
             return (channels, self.spec.crop_size.height, self.spec.crop_size.width)
-        if self.size is None:
-            side = self.shortest_edge
-            return (channels, side, side)
-        return (channels, self.size[1], self.size[0])
+        width, height = self.policy.nominal_size(self)
+        return (channels, height, width)
 
     @property
     def draft_size(self) -> tuple[int, int]:
@@ -76,9 +74,7 @@ class Preprocessor:
         keeps the shorter side at least ``shortest_edge`` and the longer one at least what
         the resize asks of it.
         """
-        if self.size is None:
-            return (self.shortest_edge, self.shortest_edge)
-        return self.size
+        return self.policy.nominal_size(self)
 
     def content_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels an image of ``width`` x ``height`` pixels fills (before any crop).

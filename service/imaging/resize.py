@@ -70,8 +70,25 @@ class ResizePolicy:
         """True when H and W of the output depend on the image."""
         return False
 
+    def bounds(self, spec: Preprocessing) -> list[tuple[int, int]] | None:
+        """(height, width) sizes such that every output of this policy fits inside one of them.
+
+        Padding buckets must hold each (``spec.buckets``). None: outputs are unbounded, so no
+        bucket list can hold them. The default: the one fixed output size.
+        """
+        frame = spec.crop_size or spec.size
+        return None if frame is None else [(frame.height, frame.width)]
+
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels that an image of ``width`` x ``height`` pixels fills (before any crop)."""
+        return pre.frame_size
+
+    def nominal_size(self, pre: Preprocessor) -> tuple[int, int]:
+        """(width, height) of a square image's output before any crop (the frame for a fixed-size policy).
+
+        Also the JPEG draft size: a draft no smaller than it in either side keeps every side the
+        resize asks for.
+        """
         return pre.frame_size
 
     def box_scale(
@@ -145,6 +162,17 @@ class ShortestEdge(ResizePolicy):
     def dynamic(self, spec: Preprocessing) -> bool:
         return spec.crop_size is None
 
+    def bounds(self, spec: Preprocessing) -> list[tuple[int, int]] | None:
+        if spec.crop_size is not None:
+            return [(spec.crop_size.height, spec.crop_size.width)]
+        if spec.longest_edge is None or spec.shortest_edge is None:
+            return None  # a long strip keeps its short side at shortest_edge: any long side
+        # the short side is at most shortest_edge (S), the long one at most longest_edge (L)
+        return [(spec.shortest_edge, spec.longest_edge), (spec.longest_edge, spec.shortest_edge)]
+
+    def nominal_size(self, pre: Preprocessor) -> tuple[int, int]:
+        return (pre.shortest_edge, pre.shortest_edge)
+
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
         h, w = keep_aspect_size(height, width, pre.shortest_edge, pre.spec.longest_edge)
         return (max(1, w), max(1, h))  # a 1 x 40000 strip would otherwise get a side of 0 pixels
@@ -189,6 +217,42 @@ class Letterbox(ResizePolicy):
         padded = np.full((frame_h, frame_w, pixels.shape[2]), pre.spec.pad_value, dtype=pixels.dtype)
         padded[: target[1], : target[0]] = pixels
         return padded  # (H, W, C)
+
+
+class Fit(ResizePolicy):
+    """Keep the aspect ratio and the pixels: an image whose longer side passes ``longest_edge`` is
+    scaled down so that it equals it (sides rounded, at least 1); a smaller one is left as it is.
+
+    For detectors trained on images at their own size with a pixel mask (``models.detr_inputs``'s
+    bucket format, whose ``fit`` this is). Output (C, H, W) with H and W depending on the image, at
+    most ``longest_edge`` each, so it takes ``buckets`` (padding after the resize).
+    """
+
+    name = "fit"
+
+    def check(self, spec: Preprocessing) -> None:
+        if spec.longest_edge is None:
+            raise ValueError("the fit policy needs longest_edge")
+        if spec.size is not None or spec.crop_size is not None or spec.shortest_edge is not None:
+            raise ValueError("the fit policy takes only longest_edge (no size, crop_size or shortest_edge)")
+
+    def dynamic(self, spec: Preprocessing) -> bool:
+        return True
+
+    def bounds(self, spec: Preprocessing) -> list[tuple[int, int]] | None:
+        edge = spec.longest_edge or 0
+        return [(edge, edge)]
+
+    def nominal_size(self, pre: Preprocessor) -> tuple[int, int]:
+        edge = pre.spec.longest_edge or 0
+        return (edge, edge)
+
+    def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
+        edge = pre.spec.longest_edge or 0
+        scale = min(1.0, edge / max(width, height))
+        if scale == 1.0:
+            return (width, height)
+        return (max(1, round(width * scale)), max(1, round(height * scale)))
 
 
 class CenterCrop(ResizePolicy):
@@ -264,3 +328,4 @@ STRETCH = register(Stretch())
 LETTERBOX = register(Letterbox())
 SHORTEST_EDGE = register(ShortestEdge())
 CENTER_CROP = register(CenterCrop())
+FIT = register(Fit())

@@ -25,6 +25,7 @@ class Size(_Strict):
 
 
 Channel = Annotated[int, Field(ge=0, le=255)]  # one 8-bit colour component
+MAX_BUCKETS = 8  # padding buckets per model: each is warmed at every batch size
 
 
 class Preprocessing(_Strict):
@@ -39,6 +40,12 @@ class Preprocessing(_Strict):
     Then ``x = (pixel * scale - mean[c]) / std[c]`` per channel, float32, channels first.
     Transparent pixels (alpha, palette or colour-key transparency) are first composited onto
     ``background`` (optional; white by default).
+
+    With ``buckets`` (a graph with a pixel mask, the manifest's ``pixel_mask``), an image of its
+    own size (C, h, w) is then padded bottom and right with 0 (in input space, as the Hugging
+    Face ``DetrImageProcessor.pad`` does) to the first bucket, in the listed order, that holds it
+    (list them smallest first), and images of one bucket share a batch (Carion et al. 2020,
+    Sec. 4: DETR pads a batch and masks the padding).
     """
 
     color_mode: Literal["L", "RGB"]
@@ -54,9 +61,31 @@ class Preprocessing(_Strict):
         (255, 255, 255), description="(R, G, B), 0-255, composited under transparent pixels before conversion."
     )
     shortest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the shorter side, in pixels.")
-    longest_edge: int | None = Field(None, gt=0, description="shortest_edge policy: the cap on the longer side.")
+    longest_edge: int | None = Field(
+        None, gt=0, description="shortest_edge policy: the cap on the longer side; fit policy: the longest side."
+    )
     crop_size: Size | None = Field(None, description="Centre crop after resizing (None: no crop).")
     pad_value: int = Field(0, ge=0, le=255, description="letterbox: the pixel value (0-255) of the padding")
+    buckets: list[Size] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_BUCKETS,
+        description="Padded input shapes (H, W; smallest first) for a graph with a pixel mask; each image is padded "
+        "to the first that holds it. None: no padding, every image its own shape.",
+    )
+
+    def bucket_for(self, height: int, width: int) -> tuple[int, int] | None:
+        """(H, W) of the first bucket that holds an input of ``height`` x ``width``; None without buckets.
+
+        Raises:
+            ValueError: none holds it (the validator makes that impossible for the policy's outputs).
+        """
+        if self.buckets is None:
+            return None
+        for bucket in self.buckets:
+            if bucket.height >= height and bucket.width >= width:
+                return bucket.height, bucket.width
+        raise ValueError(f"no bucket holds a {height}x{width} input")
 
     @model_validator(mode="after")
     def _per_channel(self) -> Preprocessing:
@@ -76,5 +105,13 @@ class Preprocessing(_Strict):
 
     @model_validator(mode="after")
     def _resize_policy(self) -> Preprocessing:
-        policies.get(self.resize).check(self)
+        policy = policies.get(self.resize)
+        policy.check(self)
+        if self.buckets is not None:
+            bounds = policy.bounds(self)
+            if bounds is None:
+                raise ValueError(f"buckets: the {self.resize} policy's outputs have no bound (set longest_edge)")
+            for height, width in bounds:
+                if not any(b.height >= height and b.width >= width for b in self.buckets):
+                    raise ValueError(f"buckets: none holds a resized {height}x{width} (HxW) image")
         return self

@@ -46,6 +46,7 @@ class ImageOutcome:
         result: the model's outputs for this image (None on error).
         error: the problem to report for this image (None on success).
         decode_seconds: time spent decoding and preprocessing, in seconds.
+        padding: the fraction of its bucket's pixels that were padding (0: no bucket, or none).
     """
 
     index: int
@@ -53,6 +54,7 @@ class ImageOutcome:
     result: InferenceResult | None
     error: ProblemError | None
     decode_seconds: float
+    padding: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -272,10 +274,15 @@ async def _submit(
     if x is None:  # decoding failed: the outcome already holds its problem
         return outcome
     try:
-        result = await model.batcher.submit(x, deadline=deadline)
+        bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+        padding = 0.0
+        if bucket is not None:
+            padding = 1.0 - x.shape[1] * x.shape[2] / (bucket[0] * bucket[1])
+            metrics.PADDING_FRACTION.labels(model.name, str(model.version)).observe(padding)
+        result = await model.batcher.submit(x, deadline=deadline, bucket=bucket)
     except ProblemError as exc:
         return dataclasses.replace(outcome, error=exc)
-    return dataclasses.replace(outcome, result=result)
+    return dataclasses.replace(outcome, result=result, padding=padding)
 
 
 async def infer_images(
@@ -351,18 +358,6 @@ async def infer_images(
     )
     model.batcher.admit(sum(x is not None for _, x in decoded))
     return list(await asyncio.gather(*(_submit(model, outcome, x, deadline) for outcome, x in decoded)))
-
-
-def timings(outcomes: list[ImageOutcome]) -> dict[str, float]:
-    """Decode, queue and compute seconds of a request, for ``Server-Timing``.
-
-    With several images each figure is the largest among them (what the client waited for).
-    """
-    return {
-        "decode": max(o.decode_seconds for o in outcomes),
-        "queue": max((o.result.queue_seconds for o in outcomes if o.result), default=0.0),
-        "compute": max((o.result.compute_seconds for o in outcomes if o.result), default=0.0),
-    }
 
 
 def response_body(

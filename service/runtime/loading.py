@@ -52,6 +52,12 @@ def check_graph(manifest: Manifest, runner: OrtRunner, folder: Path) -> None:
             f"{folder}: the graph's input {graph_input.name!r} has shape {shape}, the manifest's input.shape "
             f"{manifest.input.shape}"
         )
+    inputs = [i.name for i in runner.session.get_inputs()]
+    expected = [manifest.input.name] + ([manifest.pixel_mask] if manifest.pixel_mask else [])
+    if inputs != expected:
+        raise RepositoryError(
+            f"{folder}: the graph's inputs are {inputs}, the manifest's input.name and pixel_mask say {expected}"
+        )
     missing = [name for name in manifest.outputs if name not in runner.output_names]
     if missing:
         raise RepositoryError(

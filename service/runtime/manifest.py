@@ -135,6 +135,11 @@ class Manifest(_Strict):
     )
     description: str = ""
     input: TensorSpec
+    pixel_mask: str | None = Field(
+        None,
+        description="The name of the graph's second input, int64 (B, H, W): 1 on image pixels, 0 on padding "
+        "(transformers' pixel_mask). Its boxes are then relative to each unpadded image. None: one input.",
+    )
     outputs: list[str] = Field(min_length=1, description="The graph outputs served, in graph order.")
     roles: dict[str, str] | None = Field(
         None,
@@ -175,6 +180,10 @@ class Manifest(_Strict):
         channels = 1 if self.preprocessing.color_mode == "L" else 3
         if self.input.shape[1] != channels:
             raise ValueError(f"input.shape[1]={self.input.shape[1]} but color_mode needs {channels}")
+        if self.preprocessing.buckets is not None and self.pixel_mask is None:
+            raise ValueError("preprocessing.buckets pad images, so the graph needs a pixel_mask input")
+        if self.pixel_mask is not None and self.pixel_mask == self.input.name:
+            raise ValueError(f"pixel_mask {self.pixel_mask!r} is the image input's name")
         if self.attention is not None and self.attention.output not in self.outputs:
             raise ValueError(f"attention.output {self.attention.output!r} is not one of outputs {self.outputs}")
         if self.class_maps is not None and self.class_maps.output not in self.outputs:

@@ -16,6 +16,7 @@ import dataclasses
 import gc
 import logging
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,6 +54,7 @@ class ModelVersion:
     preprocessor: Preprocessor
     batcher: Batcher
     warmed_up: bool = False
+    warm_up_seconds: float | None = None  # how long warm_up took (every bucket at every batch size)
     instances: list[OrtRunner] = field(default_factory=list)  # every session the batcher feeds; runner is the first
     threads: ThreadPlan | None = None  # the sessions' threads and why (None: given by the caller as plain values)
     tuning: TuneResult | None = None  # the auto-tuner's curve and choice (None: not tuned)
@@ -83,10 +85,27 @@ class ModelVersion:
 
         Blocking; called from a worker thread before the server reports ready.
         """
+        started = time.perf_counter()
         c, h, w = self.preprocessor.output_shape
+        buckets = self.preprocessor.spec.buckets
+        shapes = [(b.height, b.width) for b in buckets] if buckets else [(h, w)]
         for runner in self.instances or [self.runner]:
-            for batch_size in range(1, self.batcher.config.max_batch_size + 1):
-                runner.run(np.zeros((batch_size, c, h, w), dtype=np.float32))
+            for height, width in shapes:  # every bucket, at every batch size (issue 18: no first-run cost)
+                for batch_size in range(1, self.batcher.config.max_batch_size + 1):
+                    x = np.zeros((batch_size, c, height, width), dtype=np.float32)
+                    if buckets:
+                        runner.run(x, np.ones((batch_size, height, width), dtype=np.int64))
+                    else:
+                        runner.run(x)
+        self.warm_up_seconds = time.perf_counter() - started
+        log.info(
+            "%s/%s warmed up in %.2f s (%d shape(s) x batch 1-%d)",
+            self.name,
+            self.version,
+            self.warm_up_seconds,
+            len(shapes),
+            self.batcher.config.max_batch_size,
+        )
         self.warmed_up = True
 
     async def until_unused(self) -> None:
@@ -142,6 +161,7 @@ class ModelVersion:
             "instances": self.batcher.instances,
             "threads": self._describe_threads(),
             "autotune": self._describe_tuning(),
+            "warm_up_seconds": self.warm_up_seconds,
             "ready": self.ready,
             "metrics": self.manifest.provenance.metrics,
         }

@@ -171,7 +171,9 @@ class OrtRunner:
         else:
             choice = ProviderChoice(requested, in_use, ok=True)
         self.providers = choice
-        self.input_name = self.session.get_inputs()[0].name
+        inputs = self.session.get_inputs()
+        self.input_name = inputs[0].name
+        self.mask_name = inputs[1].name if len(inputs) > 1 else None  # a pixel_mask, when the graph takes one
         self.output_names = [output.name for output in self.session.get_outputs()]
         self.io_binding = io_binding
         self.device_type = "cuda" if choice.primary == CUDA else "cpu"
@@ -181,26 +183,33 @@ class OrtRunner:
         """Let go of the session (its memory is freed with the last reference); ``run`` fails after."""
         self.session = None
 
-    def run(self, batch: np.ndarray) -> dict[str, np.ndarray]:
+    def run(self, batch: np.ndarray, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
         """Run the graph on one batch.
 
         Args:
             batch: float32 array (B, C, H, W).
+            mask: int64 (B, H, W), 1 on image pixels and 0 on padding, for a graph with a
+                ``pixel_mask`` input; None there: all ones (every pixel real, as transformers'
+                default). Ignored by a graph without one.
 
         Returns:
             Each output by name, with the batch axis first (B, ...), in host memory.
         """
+        feed = {self.input_name: batch}
+        if self.mask_name is not None:
+            feed[self.mask_name] = mask if mask is not None else np.ones((batch.shape[0], *batch.shape[2:]), np.int64)
         if self.io_binding:
-            return self._run_bound(batch)
-        outputs = self.session.run(self.output_names, {self.input_name: batch})
+            return self._run_bound(feed)
+        outputs = self.session.run(self.output_names, feed)
         return dict(zip(self.output_names, outputs, strict=True))
 
-    def _run_bound(self, batch: np.ndarray) -> dict[str, np.ndarray]:
-        """One run through an IO binding: the batch copied once to the session's device, the outputs
+    def _run_bound(self, feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """One run through an IO binding: the inputs copied once to the session's device, the outputs
         allocated there by ORT and copied back to host memory once."""
         binding = self.session.io_binding()
-        value: Any = ort.OrtValue.ortvalue_from_numpy(batch, self.device_type, self.cuda.device_id)
-        binding.bind_ortvalue_input(self.input_name, value)
+        for name, array in feed.items():
+            value: Any = ort.OrtValue.ortvalue_from_numpy(array, self.device_type, self.cuda.device_id)
+            binding.bind_ortvalue_input(name, value)
         for name in self.output_names:
             binding.bind_output(name, self.device_type, self.cuda.device_id)
         self.session.run_with_iobinding(binding)

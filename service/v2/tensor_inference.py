@@ -53,6 +53,14 @@ def input_datatype(model: ModelVersion) -> str:
     return {"float32": "FP32", "float16": "FP16"}[model.manifest.input.dtype]
 
 
+def mask_input(model: ModelVersion) -> list[str]:
+    """The graph's optional ``pixel_mask`` input, as a list of its name (empty: the graph has none).
+
+    Optional as in Triton's ``optional: true``: a request without it runs with every pixel valid.
+    """
+    return [model.manifest.pixel_mask] if model.manifest.pixel_mask else []
+
+
 def output_specs(model: ModelVersion) -> list[tuple[str, str, list[int]]]:
     """(name, datatype, shape with -1 for symbolic axes) of each output the manifest lists."""
     graph = {o.name: o for o in model.runner.session.get_outputs()}
@@ -69,7 +77,7 @@ def output_specs(model: ModelVersion) -> list[tuple[str, str, list[int]]]:
 
 def _checked_input(model: ModelVersion, request: InferRequest, max_rows: int) -> np.ndarray:
     spec = model.manifest.input
-    unknown = sorted(set(request.inputs) - {spec.name})
+    unknown = sorted(set(request.inputs) - {spec.name, *mask_input(model)})
     if unknown:
         raise BadRequest(f"model {model.name!r} has no input {unknown[0]!r}; its input is {spec.name!r}")
     if spec.name not in request.inputs:
@@ -90,6 +98,38 @@ def _checked_input(model: ModelVersion, request: InferRequest, max_rows: int) ->
                 f"axis {axis} differs"
             )
     return x  # NaN and infinities are accepted, as Triton accepts them (see the module docstring)
+
+
+def _valid_sizes(model: ModelVersion, request: InferRequest, x: np.ndarray) -> list[tuple[int, int]] | None:
+    """Each row's (h, w) of real pixels from the request's ``pixel_mask``; None for a graph without one.
+
+    The mask must be 1 on a top-left rectangle and 0 elsewhere, as an image processor pads
+    (bottom and right); without a mask every pixel is real.
+
+    Raises:
+        BadRequest: a mask of another datatype or shape, or one that is not such a rectangle.
+    """
+    names = mask_input(model)
+    if not names:
+        return None
+    b, _, height, width = x.shape
+    mask = request.inputs.get(names[0])
+    if mask is None:
+        return [(height, width)] * b
+    if mask.dtype != np.int64 or mask.shape != (b, height, width):
+        raise BadRequest(
+            f"input {names[0]!r} must be INT64 of shape {[b, height, width]} (the pixel values' B, H, W); got "
+            f"{datatype_of(mask.dtype)} {list(mask.shape)}"
+        )
+    sizes = []
+    for i, row in enumerate(mask):
+        h, w = int(np.count_nonzero(row[:, 0])), int(np.count_nonzero(row[0]))
+        expected = np.zeros_like(row)
+        expected[:h, :w] = 1
+        if h == 0 or w == 0 or not np.array_equal(row, expected):
+            raise BadRequest(f"input {names[0]!r}: row {i} is not 1 on a top-left rectangle and 0 elsewhere")
+        sizes.append((h, w))
+    return sizes
 
 
 def _classify(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
@@ -155,10 +195,16 @@ async def infer_tensors(
             raise BadRequest(
                 f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
             )
-    rows = await asyncio.gather(
-        *(model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])),
-        return_exceptions=True,
-    )
+    sizes = _valid_sizes(model, request, x)
+    if sizes is None:
+        submits = [model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])]
+    else:  # each row's real pixels, padded again by the batcher: rows batch with /v1 images of their bucket
+        bucket = (x.shape[2], x.shape[3])
+        submits = [
+            model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket)
+            for i, (h, w) in enumerate(sizes)
+        ]
+    rows = await asyncio.gather(*submits, return_exceptions=True)
     failures = [r for r in rows if isinstance(r, BaseException)]
     if failures:
         problems = [f for f in failures if isinstance(f, ProblemError)]

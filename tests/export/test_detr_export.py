@@ -107,3 +107,61 @@ def test_export_random_writes_a_detr_r50_the_server_can_load(tmp_path) -> None:
     assert len(manifest.labels) == 92 and manifest.labels[-1] == "no-object"
     assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
     assert load_manifest(tmp_path / "detr-r50-random" / "1" / "model.json") == manifest
+
+
+def test_a_bucketed_focal_detr_checkpoint_exports_with_a_pixel_mask_and_serves_over_http(tmp_path) -> None:
+    """Issue 18 + 21: a checkpoint trained with --inputs bucket --class-loss focal exports a graph with
+    pixel_mask, the fit policy and buckets, the sigmoid score rule; the server loads it and detects."""
+    import asyncio
+
+    import httpx
+    import numpy as np
+
+    from export.checkpoint import export_checkpoint
+    from models.train_detr import train
+    from tests.conftest import png_bytes, running_app
+
+    sizes = {"train": 16, "val": 8, "test": 8}
+    train(
+        tmp_path / "run",
+        data=None,
+        steps=4,
+        lr_drop=3,
+        warmup_steps=2,
+        eval_every=4,
+        split_sizes=sizes,
+        pretrain_steps=2,
+        quiet=True,
+        class_loss="focal",
+        inputs="bucket",
+    )
+    out = tmp_path / "repository" / "detr-bucketed" / "1"
+    manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", out, opset=18)
+    assert load_manifest(out / "model.json") == manifest
+    assert manifest.input.shape == ["batch", 1, "height", "width"] and manifest.pixel_mask == "pixel_mask"
+    assert manifest.preprocessing.resize == "fit" and manifest.preprocessing.longest_edge == 128
+    assert [(b.height, b.width) for b in manifest.preprocessing.buckets or []] == [
+        (96, 96),
+        (96, 128),
+        (128, 96),
+        (128, 128),
+    ]
+    assert manifest.labels == [str(i) for i in range(10)]  # sigmoid: no "no object" class
+    assert manifest.task_options == {"scores": "sigmoid_top_k", "top_k": 100, "box_format": "cxcywh"}
+    diffs = manifest.provenance.export.parity_max_abs_diff
+    assert set(diffs) == {"1", "7"} and max(diffs.values()) <= 1e-4
+
+    async def detect() -> httpx.Response:
+        pixels = np.zeros((70, 110), np.uint8)
+        pixels[20:50, 30:60] = 255
+        async with running_app(model_repository=tmp_path / "repository") as client:
+            return await client.post(
+                "/v1/models/detr-bucketed/detect",
+                content=png_bytes(pixels),
+                headers={"content-type": "image/png"},
+                params={"threshold": 0, "max_detections": 5},
+            )
+
+    response = asyncio.run(detect())
+    assert response.status_code == 200, response.text
+    assert len(response.json()["detections"]) == 5 and "pad;dur=" in response.headers["server-timing"]

@@ -20,9 +20,9 @@ from service.http.deps import Repository, State
 from service.http.lifetime import requested_timeout, unless_disconnected
 from service.http.openapi import PNG_CONTENT, image_responses
 from service.http.problems import request_id
-from service.http.responses import JSON, server_timing
+from service.http.responses import JSON, server_timing, timings
 from service.http.uploads import OPENAPI_IMAGE_BODY, read_images
-from service.pipeline.inference import ImageOutcome, infer_images, response_body, timings
+from service.pipeline.inference import ImageOutcome, infer_images, response_body
 from service.runtime.repository import ModelRepository, ModelVersion
 from service.tasks import Task
 

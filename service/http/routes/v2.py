@@ -46,7 +46,7 @@ from service.v2.protocol import (
     inflate,
     parse_infer_request,
 )
-from service.v2.tensor_inference import dims, infer_tensors, input_datatype, output_specs
+from service.v2.tensor_inference import dims, infer_tensors, input_datatype, mask_input, output_specs
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,8 @@ def _metadata(model: ModelVersion, repository: Repository) -> dict[str, Any]:
         "name": model.name,
         "versions": [str(v) for v in sorted(repository.models[model.name])],
         "platform": PLATFORM,
-        "inputs": [{"name": spec.name, "datatype": input_datatype(model), "shape": dims(spec.shape)}],
+        "inputs": [{"name": spec.name, "datatype": input_datatype(model), "shape": dims(spec.shape)}]
+        + [{"name": name, "datatype": "INT64", "shape": [-1, -1, -1]} for name in mask_input(model)],
         "outputs": [{"name": n, "datatype": t, "shape": s} for n, t, s in output_specs(model)],
     }
 
@@ -195,7 +196,8 @@ def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
                 "format": "FORMAT_NCHW",
                 "dims": dims(spec.shape)[1:],
             }
-        ],
+        ]
+        + [{"name": name, "data_type": "TYPE_INT64", "dims": [-1, -1], "optional": True} for name in mask_input(model)],
         "output": [{"name": n, "data_type": data_type(t), "dims": s[1:]} for n, t, s in output_specs(model)],
         "dynamic_batching": {
             "preferred_batch_size": [batching.max_batch_size],

@@ -238,10 +238,9 @@ def test_input_region_by_hand() -> None:
 
 
 def test_the_built_in_policies_are_registered() -> None:
-    assert resize.names() == ["stretch", "letterbox", "shortest_edge", "center_crop"]
-    assert [p.name for p in (resize.STRETCH, resize.LETTERBOX, resize.SHORTEST_EDGE, resize.CENTER_CROP)] == (
-        resize.names()
-    )
+    assert resize.names() == ["stretch", "letterbox", "shortest_edge", "center_crop", "fit"]
+    built_in = (resize.STRETCH, resize.LETTERBOX, resize.SHORTEST_EDGE, resize.CENTER_CROP, resize.FIT)
+    assert [p.name for p in built_in] == resize.names()
     assert [name for name in resize.names() if resize.get(name).crops] == ["center_crop"]
 
 
@@ -338,3 +337,29 @@ def test_a_strip_one_pixel_wide_keeps_a_side_of_at_least_one_pixel_under_shortes
     preprocessor = Preprocessor(spec)
     assert preprocessor.content_size(40000, 1) == (1333, 1)  # (width, height); the exact arithmetic gives 0
     assert preprocessor(Image.new("RGB", (40000, 1))).shape == (3, 1, 1333)
+
+
+@pytest.mark.parametrize(
+    ("width", "height"), [(64, 64), (128, 90), (90, 128), (200, 50), (300, 301), (1, 500), (127, 129)]
+)
+def test_fit_shrinks_to_longest_edge_only_as_the_bucketed_detr_was_trained(width: int, height: int) -> None:
+    from models.detr_inputs import fit
+
+    spec = Preprocessing(color_mode="L", resize="fit", longest_edge=128, mean=[0.0], std=[1.0], scale=1 / 255)
+    pixels = np.random.default_rng(width * 1000 + height).integers(0, 256, (height, width), dtype=np.uint8)
+    served = Preprocessor(spec)(Image.fromarray(pixels))  # (1, h, w) float32
+    trained, _ = fit(pixels)
+    assert served.shape == (1, *np.asarray(trained).shape)
+    np.testing.assert_array_equal(np.rint(served[0] * 255).astype(np.uint8), np.asarray(trained))  # the same pixels
+
+
+def test_fit_takes_buckets_that_hold_its_longest_edge_square_and_nothing_else() -> None:
+    base = {"color_mode": "L", "resize": "fit", "longest_edge": 128, "mean": [0.0], "std": [1.0]}
+    spec = Preprocessing.model_validate(
+        {**base, "buckets": [{"height": 96, "width": 96}, {"height": 128, "width": 128}]}
+    )
+    assert spec.bucket_for(90, 64) == (96, 96) and spec.bucket_for(100, 64) == (128, 128)
+    with pytest.raises(ValueError, match="none holds a resized 128x128"):
+        Preprocessing.model_validate({**base, "buckets": [{"height": 128, "width": 96}]})
+    with pytest.raises(ValueError, match="takes only longest_edge"):
+        Preprocessing.model_validate({**base, "size": {"height": 8, "width": 8}})

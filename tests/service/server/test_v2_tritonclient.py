@@ -54,11 +54,17 @@ def served_tensor(repository: Path, model: str, *files: Path) -> np.ndarray:
     return np.stack([preprocess(decode_image(f.read_bytes(), color_mode=mode, max_pixels=10**8).image) for f in files])
 
 
-def triton_infer(client, model: str, x: np.ndarray, outputs: list[str], *, binary: bool) -> dict[str, np.ndarray]:
+def triton_infer(
+    client, model: str, x: np.ndarray, outputs: list[str], *, binary: bool, mask: np.ndarray | None = None
+) -> dict[str, np.ndarray]:
     tensor = triton.InferInput("pixel_values", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x, binary_data=binary)
+    tensors = [tensor]
+    if mask is not None:  # the detector's optional second input
+        tensors.append(triton.InferInput("pixel_mask", list(mask.shape), "INT64"))
+        tensors[-1].set_data_from_numpy(mask, binary_data=binary)
     requested = [triton.InferRequestedOutput(name, binary_data=binary) for name in outputs]
-    result = client.infer(model, [tensor], outputs=requested, request_id="triton-1")
+    result = client.infer(model, tensors, outputs=requested, request_id="triton-1")
     assert result.get_response()["id"] == "triton-1"
     return {name: result.as_numpy(name) for name in outputs}
 
@@ -80,13 +86,17 @@ def test_health_and_metadata_through_tritonclient(server) -> None:
         {"name": "attentions", "datatype": "FP32", "shape": [-1, 2, 1, 17, 17]},  # issue 20: heads fused (render=png)
     ]
     detr = client.get_model_metadata("tiny-detr", "1")
-    assert detr["inputs"][0]["shape"] == [-1, 3, -1, -1]
+    assert detr["inputs"] == [  # issue 18: the pixel mask, optional (all ones when a request leaves it out)
+        {"name": "pixel_values", "datatype": "FP32", "shape": [-1, 3, -1, -1]},
+        {"name": "pixel_mask", "datatype": "INT64", "shape": [-1, -1, -1]},
+    ]
     assert [(o["name"], o["shape"]) for o in detr["outputs"]] == [
         ("pred_logits", [-1, 12, 5]),
         ("pred_boxes", [-1, 12, 4]),
     ]
     config = client.get_model_config("tiny-detr")
     assert config["max_batch_size"] >= 1 and config["input"][0]["dims"] == [3, -1, -1]
+    assert config["input"][1] == {"name": "pixel_mask", "data_type": "TYPE_INT64", "dims": [-1, -1], "optional": True}
     with pytest.raises(InferenceServerException, match="no model named 'nope'") as missing:
         client.get_model_metadata("nope")
     assert missing.value.status() == "404"
@@ -132,7 +142,7 @@ def test_detector_infer_through_tritonclient(server, binary: bool) -> None:
     session = ort.InferenceSession(
         str(repository / "tiny-detr" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
     )
-    logits, boxes = session.run(None, {"pixel_values": x})
+    logits, boxes = session.run(None, {"pixel_values": x, "pixel_mask": np.ones((1, 96, 144), np.int64)})
     np.testing.assert_allclose(out["pred_logits"], logits, atol=1e-5)
     np.testing.assert_allclose(out["pred_boxes"], boxes, atol=1e-5)
 
@@ -207,8 +217,12 @@ def assert_same_detections(got: list[dict], expected: list[dict], *, box_px: flo
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
 def test_detector_infer_equals_v1_detect(server, binary: bool) -> None:
     url, client, repository = server
-    x = served_tensor(repository, "tiny-detr", CHELSEA)
-    out = triton_infer(client, "tiny-detr", x, ["pred_logits", "pred_boxes"], binary=binary)
+    x = served_tensor(repository, "tiny-detr", CHELSEA)  # (1, 3, 96, 144): /v1 pads it to its (96, 160) bucket
+    padded = np.zeros((1, 3, 96, 160), np.float32)
+    padded[..., :144] = x
+    mask = np.zeros((1, 96, 160), np.int64)
+    mask[..., :144] = 1
+    out = triton_infer(client, "tiny-detr", padded, ["pred_logits", "pred_boxes"], binary=binary, mask=mask)
     v1 = httpx.post(f"{url}/v1/models/tiny-detr/detect", files={"image": CHELSEA.read_bytes()}, params={"threshold": 0})
     assert v1.status_code == 200, v1.text
     served = v1.json()["detections"]
@@ -228,8 +242,14 @@ def test_v1_detect_equals_detr_image_processor_and_post_processing(server, hf_re
     processor = AutoImageProcessor.from_pretrained(str(folder), local_files_only=True)
     model = DetrForObjectDetection.from_pretrained(str(folder), local_files_only=True).eval()
     image = Image.open(path).convert("RGB")
+    # Issue 18: the server pads the image to its bucket with a pixel mask; the processor pads to the same size.
+    spec = load_manifest(hf_repository / "repository" / "tiny-detr" / "1" / "model.json").preprocessing
+    _, _, h, w = processor(images=image, return_tensors="pt")["pixel_values"].shape
+    bucket_h, bucket_w = spec.bucket_for(h, w)
+    inputs = processor(images=image, return_tensors="pt", pad_size={"height": bucket_h, "width": bucket_w})
+    assert inputs["pixel_values"].shape[-2:] == (bucket_h, bucket_w) and int(inputs["pixel_mask"].sum()) == h * w
     with torch.no_grad():
-        outputs = model(**processor(images=image, return_tensors="pt"))
+        outputs = model(**inputs)
     (result,) = processor.post_process_object_detection(
         outputs, threshold=0.0, target_sizes=[(image.height, image.width)]
     )
