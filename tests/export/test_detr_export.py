@@ -47,13 +47,13 @@ def test_detr_r50_exports_with_parity(tmp_path) -> None:
     assert path.stat().st_size > 41_000_000 * 4  # every weight is in the one file
 
 
-def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
-    from export.checkpoint import export_checkpoint
+def tiny_run(out, **recipe) -> None:
+    """A 4-step train_detr run on 16 canvases (val and test 8 each) into ``out``: a checkpoint to export."""
     from models.train_detr import train
 
     sizes = {"train": 16, "val": 8, "test": 8}
     train(
-        tmp_path / "run",
+        out,
         data=None,
         steps=4,
         lr_drop=3,
@@ -62,7 +62,14 @@ def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
         split_sizes=sizes,
         pretrain_steps=2,
         quiet=True,
+        **recipe,
     )
+
+
+def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
+    from export.checkpoint import export_checkpoint
+
+    tiny_run(tmp_path / "run")
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", tmp_path / "out", opset=18)
     assert load_manifest(tmp_path / "out" / "model.json") == manifest
     assert manifest.task == "detection"
@@ -118,23 +125,9 @@ def test_a_bucketed_focal_detr_checkpoint_exports_with_a_pixel_mask_and_serves_o
     import numpy as np
 
     from export.checkpoint import export_checkpoint
-    from models.train_detr import train
     from tests.conftest import png_bytes, running_app
 
-    sizes = {"train": 16, "val": 8, "test": 8}
-    train(
-        tmp_path / "run",
-        data=None,
-        steps=4,
-        lr_drop=3,
-        warmup_steps=2,
-        eval_every=4,
-        split_sizes=sizes,
-        pretrain_steps=2,
-        quiet=True,
-        class_loss="focal",
-        inputs="bucket",
-    )
+    tiny_run(tmp_path / "run", class_loss="focal", inputs="bucket")
     out = tmp_path / "repository" / "detr-bucketed" / "1"
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", out, opset=18)
     assert load_manifest(out / "model.json") == manifest
