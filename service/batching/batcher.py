@@ -6,7 +6,8 @@ runner (``PATCHSERVE_INSTANCES`` sessions: that many batches in flight), each tu
 steps: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
 **Collect.** The oldest queued request leads the next batch; queued requests of its shape join
-it, oldest first. The batch leaves, and the reason is recorded (``patchserve_batches_total``
+it, oldest first (a request with a padding bucket has its bucket's shape: images of several sizes
+share the batch, padded, with a pixel mask). The batch leaves, and the reason is recorded (``patchserve_batches_total``
 and a debug log line), at ``size`` (it holds ``max_batch_size``), at ``delay`` (its oldest has
 waited ``max_queue_delay``, as in Triton), or at ``idle``: at once when the runner is idle and a
 lone request is all that is queued, so low load never waits out the delay (two or more queued
@@ -18,8 +19,9 @@ queued at its deadline gets 504 there and then, even while the runner is busy; a
 (client gone) leaves at once. Neither is computed: the last check before stacking drops any
 that expired or were cancelled in between.
 
-**Stack, run, check/split, answer.** The inputs are stacked straight into the runner's
-preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`), the model is called once in the
+**Stack, run, check/split, answer.** The inputs are stacked (or padded, with their mask) straight
+into the runner's preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`), the model is
+called once in the
 runner's own thread, every output is checked for one row per input, then split. A failing batch
 fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
 request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
