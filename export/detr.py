@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from export.hf import pad_to_bucket
 from export.onnx_export import export_info, export_onnx, parity
 from models.detection_data import load_split, to_coco
 from models.detection_eval import RunFn, coco_ap, detect_images
@@ -103,12 +104,7 @@ def _parity_inputs(
         stacked = torch.from_numpy(np.stack(inputs))  # (7, C, H, W)
         return [stacked[:1], stacked]
     buckets = preprocess.spec.buckets or []
-    height, width = buckets[-1].height, buckets[-1].width  # holds every canvas
-    batch = np.zeros((len(inputs), inputs[0].shape[0], height, width), np.float32)
-    mask = np.zeros((len(inputs), height, width), np.int64)
-    for i, x in enumerate(inputs):
-        batch[i, :, : x.shape[1], : x.shape[2]], mask[i, : x.shape[1], : x.shape[2]] = x, 1
-    values, masks = torch.from_numpy(batch), torch.from_numpy(mask)
+    values, masks = pad_to_bucket(inputs, (buckets[-1].height, buckets[-1].width))  # the last holds every canvas
     return [(values[:1], masks[:1]), (values, masks)]
 
 

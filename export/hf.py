@@ -50,6 +50,7 @@ from PIL import Image
 from torch import nn
 
 from export.onnx_export import export_info, export_onnx, parity
+from service.batching.arrays import pad_inputs
 from service.imaging.preprocess import Preprocessor
 from service.imaging.spec import Preprocessing, Size
 from service.runtime.manifest import (
@@ -380,39 +381,28 @@ def default_buckets(shortest_edge: int, longest_edge: int) -> list[Size]:
     return sorted([*landscape, *portrait], key=lambda b: (b.height * b.width, b.height))
 
 
-def bucket_of(height: int, width: int, buckets: list[Size]) -> Size:
-    """The first of ``buckets`` that holds an (H, W) image (:class:`Preprocessing`'s rule).
+def pad_to_bucket(images: list[np.ndarray], bucket: tuple[int, int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(C, h, w) arrays -> float32 (B, C, H, W) padded as the server pads them, and its int64 (B, H, W) mask.
 
-    Raises:
-        ValueError: none holds it.
+    :func:`service.batching.arrays.pad_inputs` into new arrays; ``bucket`` is (H, W).
     """
-    for bucket in buckets:
-        if bucket.height >= height and bucket.width >= width:
-            return bucket
-    raise ValueError(f"no bucket holds a {height}x{width} image: {buckets}")
-
-
-def pad_to_bucket(images: list[np.ndarray], bucket: Size) -> tuple[torch.Tensor, torch.Tensor]:
-    """(C, h, w) arrays -> float32 (B, C, H, W) padded bottom and right with 0, and int64 (B, H, W) mask."""
-    channels = images[0].shape[0]
-    batch = np.zeros((len(images), channels, bucket.height, bucket.width), np.float32)
-    mask = np.zeros((len(images), bucket.height, bucket.width), np.int64)
-    for i, image in enumerate(images):
-        _, h, w = image.shape
-        batch[i, :, :h, :w] = image
-        mask[i, :h, :w] = 1
+    batch = np.empty((len(images), images[0].shape[0], *bucket), np.float32)
+    mask = np.empty((len(images), *bucket), np.int64)
+    pad_inputs(images, batch, mask)
     return torch.from_numpy(batch), torch.from_numpy(mask)
 
 
-def _masked_parity_batches(preprocess: Preprocessor, buckets: list[Size]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _masked_parity_batches(preprocess: Preprocessor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Padded batches with their masks: a landscape photo alone in its bucket, then 3 photos of
     other sizes padded together to the bucket of the largest (as the server's batcher forms them)."""
     alone = preprocess(sample_image(0, 640, 500))  # 5:4: padded on the right within the S x 4S/3 bucket
     sizes = ((600, 480), (640, 640), (560, 480))  # (W, H): 5:4, square, 7:6
     mixed = [preprocess(sample_image(seed, w, h)) for seed, (w, h) in enumerate(sizes, 1)]
-    shared = bucket_of(max(a.shape[1] for a in mixed), max(a.shape[2] for a in mixed), buckets)
-    _, h, w = alone.shape
-    return [pad_to_bucket([alone], bucket_of(h, w, buckets)), pad_to_bucket(mixed, shared)]
+    spec = preprocess.spec
+    shared = spec.bucket_for(max(a.shape[1] for a in mixed), max(a.shape[2] for a in mixed))
+    alone_bucket = spec.bucket_for(alone.shape[1], alone.shape[2])
+    assert shared is not None and alone_bucket is not None, "called for a spec with buckets"
+    return [pad_to_bucket([alone], alone_bucket), pad_to_bucket(mixed, shared)]
 
 
 def _parity_batches(preprocess: Preprocessor) -> list[torch.Tensor]:
@@ -470,11 +460,7 @@ def export_hf(folder: Path, out: Path, *, opset: int) -> Manifest:
     output_names = head.outputs
 
     preprocess = Preprocessor(preprocessing)
-    batches: list[Any] = (
-        _masked_parity_batches(preprocess, preprocessing.buckets)
-        if preprocessing.buckets
-        else _parity_batches(preprocess)
-    )
+    batches: list[Any] = _masked_parity_batches(preprocess) if preprocessing.buckets else _parity_batches(preprocess)
     first, example = (batches[0], batches[-1]) if preprocessing.buckets else ((batches[0],), (batches[-1], None))
     with torch.no_grad():
         probe = wrapper(*first)

@@ -122,6 +122,7 @@ def detect_images(
     Returns:
         Per image, :func:`service.tasks.detection.detect`'s list, boxes in the image's pixels.
     """
+    from service.batching.arrays import pad_inputs
     from service.imaging.preprocess import Preprocessor
 
     detect = score_rule(postprocess)
@@ -140,12 +141,9 @@ def detect_images(
             if bucket is None:
                 logits, boxes = run(np.stack([inputs[i] for i in members]))  # (B, N, K + 1), (B, N, 4)
             else:
-                batch = np.zeros((len(members), inputs[0].shape[0], *bucket), np.float32)
-                mask = np.zeros((len(members), *bucket), np.int64)
-                for row, i in enumerate(members):
-                    _, h, w = inputs[i].shape
-                    batch[row, :, :h, :w], mask[row, :h, :w] = inputs[i], 1
-                logits, boxes = run(batch, mask)
+                batch = np.empty((len(members), inputs[0].shape[0], *bucket), np.float32)
+                mask = np.empty((len(members), *bucket), np.int64)
+                logits, boxes = run(*pad_inputs([inputs[i] for i in members], batch, mask))
             for i, image_logits, image_boxes in zip(members, logits, boxes, strict=True):
                 image = chunk[i]
                 results[start + i] = detect(

@@ -13,7 +13,6 @@ from PIL import Image
 
 from export.hf import (
     ImportRefused,
-    bucket_of,
     default_buckets,
     export_hf,
     labels_from_config,
@@ -213,12 +212,13 @@ def test_default_buckets_hold_every_resized_photo_with_at_most_a_quarter_padding
     buckets = default_buckets(800, 1333)
     assert [(b.height, b.width) for b in buckets] == [(800, 800), (800, 1066), (1066, 800), (800, 1333), (1333, 800)]
     spec = preprocessing_from_processor(PRESETS["detr-resnet-50"][1], "detection")
+    bucketed = Preprocessing.model_validate({**spec.model_dump(), "buckets": [b.model_dump() for b in buckets]})
     for width, height in [(640, 480), (480, 640), (4000, 3000), (1000, 1000), (1920, 1080), (3000, 1000), (333, 1000)]:
         h, w = keep_aspect_size(height, width, spec.shortest_edge, spec.longest_edge)
-        bucket = bucket_of(h, w, buckets)
-        assert bucket.height >= h and bucket.width >= w
+        bucket = bucketed.bucket_for(h, w)
+        assert bucket is not None and bucket[0] >= h and bucket[1] >= w
         if max(w, h) / min(w, h) <= 4 / 3:
-            assert h * w >= 0.75 * bucket.height * bucket.width
+            assert h * w >= 0.75 * bucket[0] * bucket[1]
     with pytest.raises(ValueError, match="none holds a resized 1333x800"):
         Preprocessing.model_validate({**spec.model_dump(), "buckets": [{"height": 800, "width": 1333}]})
 
@@ -239,7 +239,8 @@ def test_imported_detr_with_a_pixel_mask_equals_transformers_on_a_padded_mixed_b
     photos = [photo("chelsea.png"), photo("astronaut.png"), photo("coffee.png").crop((0, 0, 532, 400))]
     images = [preprocess(image) for image in photos]  # (3, h, w) each
     assert len({image.shape for image in images}) == 3
-    bucket = bucket_of(max(i.shape[1] for i in images), max(i.shape[2] for i in images), manifest.preprocessing.buckets)
+    bucket = manifest.preprocessing.bucket_for(max(i.shape[1] for i in images), max(i.shape[2] for i in images))
+    assert bucket is not None
     pixel_values, pixel_mask = pad_to_bucket(images, bucket)
     model = transformers.DetrForObjectDetection.from_pretrained(str(folder), local_files_only=True).eval()
     with torch.no_grad():
