@@ -14,9 +14,10 @@ under test, their workers, wrk) and everything else, the *foreign* load, two way
   snapshots, which the per-process sum cannot see, but the kernel's two accountings differ
   by a few percent, so it is allowed 5 % of the benchmark's own CPU on top of the threshold.
 
-A point during which the foreign load averaged more than ``THRESHOLD`` cores (10 % of one core)
-is void: :func:`void_reason` says why, the benchmark re-runs it once, and a point still loaded is
-reported as void and never written into a table.
+A point during which the foreign load averaged more than ``THRESHOLD`` cores (10 % of one core),
+or the hypervisor took as much from this virtual machine (steal time, ``/proc/stat``), is void:
+:func:`void_reason` says why, the benchmark re-runs it once, and a point still loaded is reported
+as void and never written into a table.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class Process:
     name: str
     ticks: int  # utime + stime
     child_ticks: int  # cutime + cstime: reaped children's
+    started: int = 0  # starttime, clock ticks after boot: tells a reused pid from the process it had
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,8 @@ def parse_stat(pid: int, text: str) -> Process:
     fields = text[text.rindex(")") + 2 :].split()  # fields[0] is field 3 (state)
     ppid = int(fields[1])
     utime, stime, cutime, cstime = (int(fields[i]) for i in (11, 12, 13, 14))
-    return Process(pid, ppid, name, utime + stime, cutime + cstime)
+    started = int(fields[19]) if len(fields) > 19 else 0  # field 22
+    return Process(pid, ppid, name, utime + stime, cutime + cstime, started)
 
 
 def parse_proc_stat(text: str) -> tuple[int, int]:
@@ -107,7 +110,8 @@ class Load:
         foreign_cores: processes outside the benchmark's tree, summed per process.
         residual_cores: the machine's busy time minus the tree's (short-lived processes too).
         benchmark_cores: the benchmark's own tree.
-        steal_cores: time the hypervisor gave to other guests (recorded, not judged).
+        steal_cores: time the hypervisor gave to other guests: the cores were taken from this
+            machine's processes, the benchmark's included (judged like foreign load).
         top: the busiest foreign processes, (pid, name, cores), busiest first.
     """
 
@@ -131,7 +135,10 @@ def load_between(before: Snapshot, after: Snapshot, roots: set[int]) -> Load:
         if pid in ours:
             continue
         old = before.processes.get(pid)
-        spent = p.ticks - old.ticks if old is not None and old.name == p.name else p.ticks
+        # The same process if it started at the same time: not by name, which a kernel worker changes with the
+        # work queue it serves ("kworker/u8:1-events_unbound", then "-kvfree_rcu_reclaim"); counting such a
+        # renamed worker's whole lifetime as this point's load voided points that nothing had disturbed.
+        spent = p.ticks - old.ticks if old is not None and old.started == p.started else p.ticks
         if spent > 0:
             per_process[pid] = spent
 
@@ -165,6 +172,8 @@ def void_reason(load: Load, threshold: float = THRESHOLD) -> str:
     if load.foreign_cores > threshold:
         names = ", ".join(f"{name} ({pid}) {c:.2f}" for pid, name, c in load.top[:3])
         return f"foreign processes took {load.foreign_cores:.2f} cores (> {threshold:.2f}): {names}"
+    if load.steal_cores > threshold:
+        return f"the hypervisor took {load.steal_cores:.2f} cores (steal time > {threshold:.2f})"
     allowed = threshold + RESIDUAL_SLACK * load.benchmark_cores
     if load.residual_cores > allowed:
         return (

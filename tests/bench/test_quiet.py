@@ -88,9 +88,31 @@ def test_processes_that_came_and_went_between_the_snapshots_show_in_the_residual
     assert void_reason(load_between(before(), after(extra_busy=ticks(0.15)), {BENCH})) == ""
 
 
+def test_a_kernel_worker_renamed_by_its_work_queue_counts_only_what_it_spent() -> None:
+    # kworker threads take the name of the work queue they serve; a rename is not a new process.
+    worker = Process(TRAINER, 2, "kworker/u8:1-events_unbound", 1_340, 0, started=5)
+    start = snap(0.0, [*before().processes.values(), worker])
+    renamed = Process(TRAINER, 2, "kworker/u8:1-kvfree_rcu_reclaim", 1_340 + ticks(0.01), 0, started=5)
+    load = load_between(start, after(renamed), {BENCH})
+    assert abs(load.foreign_cores - 0.01) < 1e-9 and void_reason(load) == ""
+    # The same pid with another start time is another process: all of its time is new.
+    reused = Process(TRAINER, 1, "python", ticks(0.3), 0, started=9_000)
+    assert abs(load_between(start, after(reused), {BENCH}).foreign_cores - 0.3) < 1e-9
+
+
+def test_time_the_hypervisor_took_voids_the_point() -> None:
+    start, end = before(), after()
+    stolen = Snapshot(end.at, end.processes, end.busy_ticks, steal_ticks=start.steal_ticks + ticks(0.3))
+    load = load_between(start, stolen, {BENCH})
+    assert abs(load.steal_cores - 0.3) < 1e-9 and load.foreign_cores == 0.0
+    assert void_reason(load) == "the hypervisor took 0.30 cores (steal time > 0.10)"
+    slight = Snapshot(end.at, end.processes, end.busy_ticks, steal_ticks=start.steal_ticks + ticks(0.05))
+    assert void_reason(load_between(start, slight, {BENCH})) == ""
+
+
 def test_stat_lines_parse_with_spaces_and_parentheses_in_the_name() -> None:
     line = "4242 (tmux: server (1)) S 1 4242 4242 0 -1 4194560 100 0 0 0 73 21 5 7 20 0 1 0 100 0 0"
-    assert parse_stat(4242, line) == Process(4242, 1, "tmux: server (1)", 94, 12)
+    assert parse_stat(4242, line) == Process(4242, 1, "tmux: server (1)", 94, 12, started=100)
 
 
 def test_a_snapshot_reads_every_process_and_the_machine_total(tmp_path: Path) -> None:
