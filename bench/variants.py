@@ -21,6 +21,8 @@ import os
 import socket
 from pathlib import Path
 
+import httpx
+
 from bench import images, loadgen, quiet, servers
 
 MODEL = "vit-ti16-random"
@@ -31,6 +33,13 @@ DEFAULT_VARIANTS = {
     "tuner-off": {"auto_tune": "false"},  # the hardware defaults, max_batch_size 8
     "one-decode-thread": {"decode_threads": "1"},
 }
+
+
+def settings_in_use(url: str) -> dict:
+    """The benchmark model's batching, threads and auto-tune choice, from ``GET /v1/models/{model}``."""
+    version = httpx.get(f"{url}/v1/models/{MODEL}", timeout=10).json()["versions"][0]
+    tuned = version.get("autotune") or {}
+    return {"batching": version["batching"], "threads": version["threads"], "autotune": tuned.get("chosen")}
 
 
 def parse_variant(text: str) -> tuple[str, dict[str, str]]:
@@ -84,9 +93,10 @@ def main(argv: list[str] | None = None) -> None:
                     print(
                         f"round {round_}  {server.key:<26s} c={concurrency:<3d} {r.throughput:7.1f} req/s  "
                         f"p50 {r.p50_ms:7.1f}  p99 {r.p99_ms:7.1f} ms  errors {r.errors}  "
-                        f"foreign {watch.load.foreign_cores:.2f} cores{'  VOID' if void else ''}",
+                        f"foreign {watch.load.foreign_cores:.2f} cores{f'  VOID: {void}' if void else ''}",
                         flush=True,
                     )
+        described = {key: settings_in_use(r.url) for key, r in running.items()}  # what each variant ran with
     args.out.mkdir(parents=True, exist_ok=True)
     path = args.out / f"variants-{started:%Y-%m-%d}-{socket.gethostname()}.json"
     document = {
@@ -95,9 +105,13 @@ def main(argv: list[str] | None = None) -> None:
         "load_average": {"start": load_start, "end": os.getloadavg()},
         "size": args.size,
         "variants": variants,
+        "described": described,
         "results": rows,
     }
     path.write_text(json.dumps(document, indent=2) + "\n")
+    for key, used in described.items():
+        print(f"{key}: max_batch_size {used['batching']['max_batch_size']}; {used['threads']['reason']}; "
+              f"wide session ran {used['threads'].get('wide_session_batches', 0)} batches")  # fmt: skip
     print(f"wrote {path}")
 
 

@@ -28,7 +28,8 @@ request is answered, ``running`` (and ``/readyz``) turns False, and later ones g
 
 **Instances.** Given N runners (N sessions of one model: Triton's instance count), one batcher
 feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
-in flight at once. With one runner, a batch is collected only once the previous one has run.
+in flight at once. With one runner, a batch is collected only once the previous one has run. A
+*wide* runner (every core) may stand beside them for a request that arrives alone while they idle.
 
 Times are seconds on an injectable :class:`~service.batching.clock.Clock`, so tests drive the loop without
 waiting. The queue's bookkeeping is :mod:`service.batching.queue`; the knobs :mod:`service.batching.config`.
@@ -37,6 +38,7 @@ waiting. The queue's bookkeeping is :mod:`service.batching.queue`; the knobs :mo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Sequence
@@ -48,6 +50,7 @@ from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, p
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
 from service.batching.queue import Request, RequestQueue
+from service.batching.runners import RunnerPool
 from service.core import metrics, tracing
 from service.core.errors import BadRequest, DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
@@ -66,6 +69,9 @@ class Batcher:
         config: the batching knobs.
         model, version: the model version it serves (metric labels, logs, thread names).
         clock: the time source and timers (tests inject a manual one).
+        wide: a runner with every core, for a batch of one that arrives while every instance is
+            idle and nothing else waits; while it runs no instance starts
+            (:mod:`service.batching.runners`). None: the instances take every batch.
     """
 
     def __init__(
@@ -76,10 +82,11 @@ class Batcher:
         model: str = "model",
         version: str = "1",
         clock: Clock | None = None,
+        wide: RunFn | None = None,
     ) -> None:
-        self._runners: list[RunFn] = [run] if callable(run) else list(run)
-        if not self._runners:
-            raise ValueError("a batcher needs at least one runner")
+        instances: list[RunFn] = [run] if callable(run) else list(run)
+        self._pool = RunnerPool(len(instances), wide=wide is not None)
+        self._runners = instances + ([wide] if wide is not None else [])
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
@@ -90,7 +97,6 @@ class Batcher:
         self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
         self._queue = RequestQueue(metrics.QUEUE_DEPTH.labels(model, version))
         self._in_flight: dict[asyncio.Task[None], list[Request]] = {}  # running batches
-        self._idle_runners = list(reversed(range(len(self._runners))))  # runner 0 is used first
         self._fatal: BaseException | None = None  # what killed a batch and so the loop
         self._wake = asyncio.Event()  # set on every change that can make a batch due
         self._executors = [
@@ -107,8 +113,13 @@ class Batcher:
 
     @property
     def instances(self) -> int:
-        """How many runners (model instances) this batcher feeds."""
-        return len(self._runners)
+        """How many model instances this batcher feeds batches to (the wide runner not counted)."""
+        return self._pool.instances
+
+    @property
+    def wide_batches(self) -> int:
+        """Batches the wide runner has run (0 without one)."""
+        return self._pool.wide_batches
 
     @property
     def queued(self) -> int:
@@ -138,6 +149,10 @@ class Batcher:
                 f"model {self.name}: the queue is full for this request (room for {max(self.room, 0)} {unit}, "
                 f"it has {count}); retry shortly"
             )
+
+    def arriving(self, count: int) -> contextlib.AbstractContextManager[None]:
+        """``with batcher.arriving(n):`` n inputs on their way, not queued yet (:meth:`RunnerPool.arriving`)."""
+        return self._pool.arriving(count)
 
     def deadline(self, timeout: float | None = None) -> float:
         """The deadline, on this batcher's clock, of a request arriving now.
@@ -225,7 +240,7 @@ class Batcher:
                 if not batch:
                     continue
                 self._record_release(batch, reason)
-                runner = self._idle_runners.pop()
+                runner = self._pool.take(len(batch), self._queue.queued)
                 task = asyncio.create_task(self._run_batch(runner, batch, reason), name=f"batch-{self.name}-{runner}")
                 self._in_flight[task] = batch
                 task.add_done_callback(functools.partial(self._batch_done, runner))
@@ -269,11 +284,11 @@ class Batcher:
             self._fatal = task.exception()  # its batch stays in flight, to be answered as the loop dies
         else:
             self._in_flight.pop(task, None)  # (gone already when the loop ended and cancelled it)
-        self._idle_runners.append(runner)
+        self._pool.give_back(runner)
         self._wake.set()
 
     async def _until_a_runner_is_idle(self) -> None:
-        while not self._idle_runners or self._fatal is not None:
+        while not self._pool.available() or self._fatal is not None:
             if self._fatal is not None:
                 raise self._fatal
             self._wake.clear()

@@ -110,8 +110,13 @@ class Settings(BaseSettings):
         None,
         ge=1,
         le=16,
-        description="ONNX Runtime sessions per model version, fed by one batcher (unset: 1 on the CPU, 2 on a GPU, "
-        "or the auto-tuner's choice).",
+        description="ONNX Runtime sessions per model version, fed by one batcher (unset: 2 on the CPU with 2 "
+        "cores or more, else 1; 2 on a GPU, or the auto-tuner's choice).",
+    )
+    wide_session: bool | None = Field(
+        None,
+        description="On the CPU, one more session per model version with all of its cores, for a request that "
+        "arrives while every instance is idle (unset: on when the instances each have fewer threads).",
     )
     auto_tune: bool = Field(
         True, description="At warm-up, measure each model's throughput by batch size and instances, and pick them."

@@ -75,6 +75,7 @@ def thread_plan(settings: Settings) -> ThreadPlan:
         intra_op_threads=settings.intra_op_threads,
         spinning=settings.intra_op_spinning,
         decode_threads=settings.decode_threads,
+        wide=settings.wide_session,
     )
 
 

@@ -339,23 +339,18 @@ async def infer_images(
     slots = asyncio.Semaphore(decode_parallelism)
     works = [_Work(i, data) for i, data in enumerate(payloads)]
     decode_deadline = deadline if deadline is not None else model.batcher.deadline()
-    await asyncio.gather(*(_probe_one(model, work, pool, max_pixels, limits, slots, decode_deadline) for work in works))
-    _within_request_budget(works, limits.max_request_pixels)
-    decoded = await asyncio.gather(
-        *(
-            _decode(
-                model,
-                work,
-                pool,
-                max_pixels,
-                slots,
-                budget=budget,
-                deadline=decode_deadline,
-                keep_image=keep_images,
-            )
-            for work in works
+    with model.batcher.arriving(len(payloads)):  # on their way: no lone input ahead of them takes the wide runner
+        await asyncio.gather(
+            *(_probe_one(model, work, pool, max_pixels, limits, slots, decode_deadline) for work in works)
         )
-    )
+        _within_request_budget(works, limits.max_request_pixels)
+        decoded = await asyncio.gather(
+            *(
+                _decode(model, work, pool, max_pixels, slots, budget=budget, deadline=decode_deadline,
+                        keep_image=keep_images)
+                for work in works
+            )
+        )  # fmt: skip
     model.batcher.admit(sum(x is not None for _, x in decoded))
     return list(await asyncio.gather(*(_submit(model, outcome, x, deadline) for outcome, x in decoded)))
 

@@ -18,8 +18,9 @@ only be throttled.
 :func:`plan_threads` then shares those cores out so that the threads that compute never
 outnumber them: each worker process gets ``cores // workers``, each model version loaded in it
 an equal share of that, each of its N instances (ONNX Runtime sessions) share // N intra-op
-threads. Spinning (ORT's threads busy-wait between parallel sections of a run instead of
-sleeping) is on only when those threads fit the cores; every value can be forced by a setting.
+threads, and on the CPU a wide session with the whole share runs a lone request. Spinning (ORT's
+threads busy-wait between parallel sections of a run instead of sleeping) is on only when those
+threads fit the cores; every value can be forced by a setting.
 """
 
 from __future__ import annotations
@@ -175,6 +176,8 @@ class ThreadPlan:
         spinning: let those threads busy-wait between parallel sections (ORT's
             ``session.intra_op.allow_spinning``); they stop when the session's last run returns.
         decode_threads: the worker's image-decoding pool.
+        wide_threads: intra-op threads of the wide session, which runs a request that arrives
+            alone while every instance is idle (:mod:`service.batching.runners`); 0: none.
         share: cores this model version may keep busy (its share of the worker's).
         cores: the process's usable cores, and ``workers``, ``models`` it was shared between.
         forced: the names of the values a setting fixed.
@@ -191,11 +194,14 @@ class ThreadPlan:
     models: int = 1
     forced: frozenset[str] = frozenset()
     reason: str = ""
+    wide_threads: int = 0
+    device_type: str = "cpu"
 
     @property
     def computing_threads(self) -> int:
-        """Threads all the worker processes' models compute with at once, at most."""
-        return self.workers * self.models * self.instances * self.intra_op_threads
+        """Threads all the worker processes' models compute with at once, at most (the wide session
+        never runs beside the instances)."""
+        return self.workers * self.models * max(self.instances * self.intra_op_threads, self.wide_threads)
 
     def with_instances(self, instances: int) -> ThreadPlan:
         """The plan for ``instances`` sessions (the tuner's choice); a forced value stays as it was."""
@@ -211,7 +217,13 @@ def _count(n: int, noun: str) -> str:
 def _finish(plan: ThreadPlan) -> ThreadPlan:
     """Fill in the intra-op threads and spinning that follow from the instance count, and the reason."""
     threads = plan.intra_op_threads if "intra_op_threads" in plan.forced else max(1, plan.share // plan.instances)
-    plan = dataclasses.replace(plan, intra_op_threads=threads)
+    if plan.device_type != "cpu":
+        wide = 0  # a GPU runs a lone request on its own device: nothing to widen
+    elif "wide" in plan.forced:
+        wide = plan.share if plan.wide_threads else 0
+    else:  # on when a lone request would otherwise run on fewer threads than the model's share of cores
+        wide = plan.share if threads < plan.share else 0
+    plan = dataclasses.replace(plan, intra_op_threads=threads, wide_threads=wide)
     fits = plan.computing_threads <= plan.cores.cores
     spinning = plan.spinning if "spinning" in plan.forced else fits
     plan = dataclasses.replace(plan, spinning=spinning)
@@ -229,7 +241,10 @@ def _finish(plan: ThreadPlan) -> ThreadPlan:
     fit = "" if fits else f"; {plan.computing_threads} computing threads on {plan.cores.cores} cores: oversubscribed"
     reason = (
         f"{_count(plan.cores.cores, 'usable core')}{among}: {_count(plan.instances, 'instance')}{mark('instances')} × "
-        f"{_count(plan.intra_op_threads, 'intra-op thread')}{mark('intra_op_threads')}, spinning {spin}"
+        f"{_count(plan.intra_op_threads, 'intra-op thread')}{mark('intra_op_threads')}"
+        f"{f', a {plan.wide_threads}-thread wide session for lone requests' if plan.wide_threads else ''}"
+        f"{', no wide session' if 'wide' in plan.forced and not plan.wide_threads else ''}{mark('wide')}"
+        f", spinning {spin}"
         f"{mark('spinning')}, {_count(plan.decode_threads, 'decode thread')}{mark('decode_threads')}{fit}"
     )
     return dataclasses.replace(plan, reason=reason)
@@ -245,16 +260,24 @@ def plan_threads(
     intra_op_threads: int = 0,
     spinning: bool | None = None,
     decode_threads: int = 0,
+    wide: bool | None = None,
 ) -> ThreadPlan:
     """Choose instances, intra-op threads, spinning and decode threads from the usable cores.
 
     Defaults (each overridden by the argument when given: None or 0 means "choose"):
 
-    * instances: 1 on the CPU, where one session with every core of the model's share ran a
-      lone request fastest and served as much as two under load (issue 14's measurements on
-      2 cores); 2 on a GPU, so one batch's copies overlap another's compute;
+    * instances: on the CPU 2 when the model's share is 2 cores or more, else 1: sessions side
+      by side served about 25 % more under load than one session with every core, whose
+      parallel sections wait for threads the decoders push off their cores (``bench.variants``
+      on 2 cores; docs/performance.md); 2 on a GPU, so one batch's copies overlap another's
+      compute;
     * intra-op threads: the model's share of cores // instances (at least 1);
-    * spinning: on when workers × models × instances × intra-op threads fit the cores (at
+    * wide session: on the CPU, when the instances' threads are fewer than the share, one more
+      session with the whole share runs a request that arrives alone while they are idle (a
+      lone request ran about a third faster on it); never beside them
+      (:mod:`service.batching.runners`);
+    * spinning: on when workers × models × the threads of one model's sessions that run at once
+      (the instances', or the wide session's) fit the cores (at
       concurrency 1 spinning gave the best latency; ORT stops it when a run ends, so the
       decoders get the cores between runs); off when they do not fit, where a spinning thread
       would take a core another needs;
@@ -275,11 +298,12 @@ def plan_threads(
             ("intra_op_threads", intra_op_threads > 0),
             ("spinning", spinning is not None),
             ("decode_threads", decode_threads > 0),
+            ("wide", wide is not None),
         )
         if given
     }
     plan = ThreadPlan(
-        instances=instances if instances is not None else (2 if device_type == "cuda" else 1),
+        instances=instances if instances is not None else (2 if device_type == "cuda" or share >= 2 else 1),
         intra_op_threads=intra_op_threads,
         spinning=bool(spinning),
         decode_threads=decode_threads or per_worker,
@@ -288,5 +312,7 @@ def plan_threads(
         workers=workers,
         models=models,
         forced=frozenset(forced),
+        wide_threads=int(bool(wide)),  # a flag until _finish sizes it
+        device_type=device_type,
     )
     return _finish(plan)

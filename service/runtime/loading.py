@@ -145,7 +145,9 @@ class Loader:
             fixed_batch = overrides.get("max_batch_size") or (
                 self.batching.max_batch_size if self.batch_size_fixed else None
             )
-            fixed_instances = plan.instances if "instances" in plan.forced else None
+            # With a wide session the instances serve load, not lone requests: one single-threaded session per
+            # core served more beside the decoders than the tuner's curve (ORT alone, no decoding) can show.
+            fixed_instances = plan.instances if "instances" in plan.forced or plan.wide_threads else None
 
             def threads_for(n: int, plan: ThreadPlan = plan) -> tuple[int, bool]:  # plan bound: narrowed to not None
                 """n instances -> (intra-op threads, spinning) each of them gets."""
@@ -172,15 +174,20 @@ class Loader:
             if tuned is not None:
                 plan = plan.with_instances(tuned.instances)
                 config = config.override(max_batch_size=fixed_batch or tuned.max_batch_size)
+        wide = None
         if plan is not None:
             runners = [make_runner(plan.intra_op_threads, plan.spinning) for _ in range(plan.instances)]
+            if plan.wide_threads:  # it never runs beside the instances: computing_threads counted it already
+                wide = make_runner(plan.wide_threads, plan.spinning)
         else:
             runners = [make_runner(self.intra_op_threads, self.intra_op_spinning) for _ in range(self.instances)]
         check_graph(manifest, runners[0], folder)
-        batcher = Batcher([r.run for r in runners], config, model=name, version=str(version))
+        batcher = Batcher(
+            [r.run for r in runners], config, model=name, version=str(version), wide=wide.run if wide else None
+        )
         model = ModelVersion(
             name, version, folder, manifest, runners[0], preprocessor, batcher, instances=runners,
-            threads=plan, tuning=tuned, tuning_note=note,
+            threads=plan, tuning=tuned, tuning_note=note, wide=wide,
         )  # fmt: skip
         log.info(
             "model %s version %d: %s on %s; %s; max_batch_size %d",

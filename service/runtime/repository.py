@@ -56,6 +56,7 @@ class ModelVersion:
     warmed_up: bool = False
     warm_up_seconds: float | None = None  # how long warm_up took (every bucket at every batch size)
     instances: list[OrtRunner] = field(default_factory=list)  # every session the batcher feeds; runner is the first
+    wide: OrtRunner | None = None  # the session with every core for a lone request (None: none)
     threads: ThreadPlan | None = None  # the sessions' threads and why (None: given by the caller as plain values)
     tuning: TuneResult | None = None  # the auto-tuner's curve and choice (None: not tuned)
     tuning_note: str = "off"  # why it was or was not tuned
@@ -89,9 +90,12 @@ class ModelVersion:
         c, h, w = self.preprocessor.output_shape
         buckets = self.preprocessor.spec.buckets
         shapes = [(b.height, b.width) for b in buckets] if buckets else [(h, w)]
-        for runner in self.instances or [self.runner]:
+        runs = [(runner, self.batcher.config.max_batch_size) for runner in self.instances or [self.runner]]
+        if self.wide is not None:  # it only ever runs a batch of one
+            runs.append((self.wide, 1))
+        for runner, largest in runs:
             for height, width in shapes:  # every bucket, at every batch size (issue 18: no first-run cost)
-                for batch_size in range(1, self.batcher.config.max_batch_size + 1):
+                for batch_size in range(1, largest + 1):
                     x = np.zeros((batch_size, c, height, width), dtype=np.float32)
                     if buckets:
                         runner.run(x, np.ones((batch_size, height, width), dtype=np.int64))
@@ -131,9 +135,9 @@ class ModelVersion:
         """
         await self.batcher.stop()
         self.batcher.release()
-        for runner in self.instances or [self.runner]:
+        for runner in [*(self.instances or [self.runner]), *([self.wide] if self.wide else [])]:
             runner.close()
-        self.instances = []
+        self.instances, self.wide = [], None
         self.released = True
         gc.collect()
         _trim_malloc()
@@ -173,6 +177,8 @@ class ModelVersion:
         return {
             "instances": t.instances,
             "intra_op_threads": t.intra_op_threads,
+            "wide_session_threads": t.wide_threads,  # 0: no wide session
+            "wide_session_batches": self.batcher.wide_batches,
             "spinning": t.spinning,
             "decode_threads": t.decode_threads,
             "usable_cores": t.cores.cores,
@@ -190,7 +196,14 @@ class ModelVersion:
             "note": self.tuning_note,
             "chosen": {"instances": t.instances, "max_batch_size": t.max_batch_size},
             "curve": [
-                {"instances": p.instances, "batch_size": p.batch_size, "images_per_s": p.images_per_s} for p in t.points
+                {
+                    "instances": p.instances,
+                    "batch_size": p.batch_size,
+                    "images_per_s": p.images_per_s,
+                    "low": p.low,
+                    "high": p.high,
+                }
+                for p in t.points
             ],
             "seconds": round(t.seconds, 3),
             "foreign_cores": round(t.foreign_cores, 3),

@@ -111,7 +111,10 @@ def measure(
                 break
             samples[(n, b)].append(measure_one(runners_of[n], batch_of(b), point_seconds))
     runners_of.clear()
-    return [Point(n, b, float(np.median(samples[(n, b)]))) for n, b in grid]
+    return [
+        Point(n, b, float(np.median(samples[(n, b)])), low=min(samples[(n, b)]), high=max(samples[(n, b)]))
+        for n, b in grid
+    ]
 
 
 def cpu_clocks(proc_stat: Path = Path("/proc/stat")) -> tuple[float, float]:

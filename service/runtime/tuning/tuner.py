@@ -169,6 +169,7 @@ class Tuner:
             "budget_seconds": self.budget_seconds,
             "rounds": self.rounds,
             "tolerance": TOLERANCE,
+            "rule": "median within tolerance, or rounds overlapping the best's",  # a new rule measures afresh
         }
         key = cache_key(graph_digest(graph), identity, request)
         if cached_only:

@@ -21,14 +21,18 @@ pytestmark = pytest.mark.anyio
 
 
 @asynccontextmanager
-async def running(models: list[FakeModel], clock: ManualClock, **config: float) -> AsyncIterator[Batcher]:
+async def running(
+    models: list[FakeModel], clock: ManualClock, wide: FakeModel | None = None, **config: float
+) -> AsyncIterator[Batcher]:
     values = {"max_batch_size": 2, "max_queue_delay": 0.5, "queue_size": 16, "request_timeout": 30.0, **config}
-    batcher = Batcher(models, BatchingConfig(**values), model=f"fake-{next(_names)}", version="1", clock=clock)
+    batcher = Batcher(
+        models, BatchingConfig(**values), model=f"fake-{next(_names)}", version="1", clock=clock, wide=wide
+    )
     await batcher.start()
     try:
         yield batcher
     finally:
-        for model in models:
+        for model in [*models, *([wide] if wide else [])]:
             model.gate.set()
         await batcher.stop()
 
@@ -106,6 +110,51 @@ async def test_stop_answers_every_batch_in_flight() -> None:
     second.gate.set()
     await result(stopping)
     assert not batcher.running
+
+
+# The wide runner: every core for a request that arrives alone, the instances for load.
+
+
+async def test_a_lone_request_runs_on_the_wide_runner_and_load_on_the_instances() -> None:
+    first, second, wide = FakeModel(), FakeModel(), FakeModel()
+    async with running([first, second], ManualClock(), wide=wide) as batcher:
+        assert batcher.instances == 2  # the wide runner is not an instance
+        assert ids([await result(batcher.submit(item(0)))]) == [0]  # alone, every instance idle: wide
+        wide.gate.clear()
+        lone = asyncio.ensure_future(batcher.submit(item(1)))
+        await until(lambda: len(wide.batches) == 2)
+        together = [asyncio.ensure_future(batcher.submit(item(i))) for i in (2, 3)]
+        await settle()
+        assert first.batches == [] and second.batches == [] and batcher.queued == 2  # the wide one has the cores
+        wide.gate.set()
+        assert ids([await result(lone)]) == [1]
+        assert ids(await result(asyncio.gather(*together))) == [2, 3]
+        assert first.batches == [[2, 3]]  # two waiting: a batch for an instance, never the wide runner
+        first.gate.clear()
+        held = [asyncio.ensure_future(batcher.submit(item(i))) for i in (4, 5)]
+        await until(lambda: len(first.batches) == 2)
+        alone_beside_load = await result(batcher.submit(item(6)))  # alone, but an instance is busy
+        assert second.batches == [[6]] and ids([alone_beside_load]) == [6]
+        first.gate.set()
+        assert ids(await result(asyncio.gather(*held))) == [4, 5]
+        assert wide.batches == [[0], [1]] and batcher.wide_batches == 2
+
+
+async def test_a_lone_input_with_others_still_being_decoded_takes_an_instance() -> None:
+    first, second, wide = FakeModel(), FakeModel(), FakeModel()
+    async with running([first, second], ManualClock(), wide=wide) as batcher:
+        with batcher.arriving(1):  # another request's image is still being decoded as this one is queued
+            assert ids([await result(batcher.submit(item(0)))]) == [0]
+        assert first.batches == [[0]] and wide.batches == []  # under load: not alone, whatever the queue says
+        assert ids([await result(batcher.submit(item(1)))]) == [1]  # nothing on its way any more
+        assert wide.batches == [[1]]
+
+
+async def test_without_a_wide_runner_a_lone_request_takes_the_first_instance() -> None:
+    first, second = FakeModel(), FakeModel()
+    async with running([first, second], ManualClock()) as batcher:
+        await result(batcher.submit(item(0)))
+        assert first.batches == [[0]] and second.batches == [] and batcher.wide_batches == 0
 
 
 def test_a_batcher_needs_a_runner() -> None:

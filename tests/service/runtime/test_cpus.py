@@ -75,17 +75,40 @@ def cores(n: int) -> UsableCpus:
     return UsableCpus(n, n)
 
 
-def test_two_cores_one_model_get_one_instance_with_both_cores_spinning() -> None:
+def test_two_cores_one_model_get_a_single_threaded_instance_per_core_and_a_wide_session() -> None:
     plan = plan_threads(cores(2))
-    assert (plan.instances, plan.intra_op_threads, plan.spinning, plan.decode_threads) == (1, 2, True, 2)
-    assert plan.reason.startswith("2 usable cores: 1 instance × 2 intra-op threads, spinning on")
-    assert plan.computing_threads == 2 and plan.forced == frozenset()
+    assert (plan.instances, plan.intra_op_threads, plan.wide_threads, plan.spinning, plan.decode_threads) == (
+        2, 1, 2, True, 2,
+    )  # fmt: skip
+    assert plan.reason.startswith(
+        "2 usable cores: 2 instances × 1 intra-op thread, a 2-thread wide session for lone requests, spinning on"
+    )
+    assert plan.computing_threads == 2 and plan.forced == frozenset()  # the wide session never runs beside them
+
+
+def test_one_core_gets_one_instance_and_no_wide_session() -> None:
+    plan = plan_threads(cores(1))
+    assert (plan.instances, plan.intra_op_threads, plan.wide_threads, plan.spinning) == (1, 1, 0, True)
+    assert "wide" not in plan.reason
+
+
+def test_the_wide_session_can_be_forced_off_or_on_and_a_gpu_never_gets_one() -> None:
+    off = plan_threads(cores(2), wide=False)
+    assert (off.instances, off.wide_threads) == (2, 0) and off.forced == frozenset({"wide"})
+    assert "2 instances × 1 intra-op thread, no wide session (set), spinning on" in off.reason
+    on = plan_threads(cores(4), instances=1, intra_op_threads=2, wide=True)
+    assert (on.intra_op_threads, on.wide_threads) == (2, 4) and "a 4-thread wide session for lone requests (set)" in (
+        on.reason
+    )
+    assert plan_threads(cores(4), device_type="cuda").wide_threads == 0
+    assert plan_threads(cores(4), device_type="cuda", wide=True).wide_threads == 0
+    assert plan_threads(cores(2), instances=1).wide_threads == 0  # one instance has every core already
 
 
 def test_workers_and_models_share_the_cores() -> None:
     plan = plan_threads(cores(8), workers=2, models=2)
-    assert (plan.share, plan.instances, plan.intra_op_threads, plan.decode_threads) == (2, 1, 2, 4)
-    assert plan.computing_threads == 8 and plan.spinning
+    assert (plan.share, plan.instances, plan.intra_op_threads, plan.decode_threads) == (2, 2, 1, 4)
+    assert plan.wide_threads == 2 and plan.computing_threads == 8 and plan.spinning
     assert "shared by 2 workers and 2 model versions: 2 per model" in plan.reason
 
 

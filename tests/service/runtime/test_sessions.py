@@ -109,6 +109,41 @@ async def test_several_instances_serve_one_model_and_are_reported(digits_test_sp
     assert np.mean(in_process == labels) >= 0.9
 
 
+@pytest.mark.anyio
+async def test_a_lone_request_runs_on_the_wide_session_with_every_core(
+    digits_test_split,
+) -> None:
+    settings = {"instances": 2, "io_binding": True, "intra_op_threads": 1, "max_batch_size": 4, "wide_session": True}
+    async with running_app(**settings) as client:
+        model = client.app.state.server.repository.get("vit-digits")
+        share = model.threads.share
+        assert model.wide is not None and model.wide not in model.instances and model.batcher.instances == 2
+        assert model.wide.session.get_session_options().intra_op_num_threads == share
+        wide, first = CountingSession(model.wide.session), CountingSession(model.instances[0].session)
+        second = CountingSession(model.instances[1].session)
+        model.wide.session, model.instances[0].session, model.instances[1].session = wide, first, second
+        images = digits_test_split.images[:9]
+
+        def post(image: np.ndarray):
+            return client.post(
+                "/v1/models/vit-digits/classify", files={"image": ("d.png", png_bytes(image), "image/png")}
+            )
+
+        alone = (await post(images[0])).json()
+        assert (wide.runs, first.runs, second.runs) == (1, 0, 0)  # nothing else waited, every instance idle
+        burst = [r.json() for r in await asyncio.gather(*(post(image) for image in images[1:]))]
+        threads = (await client.get("/v1/models/vit-digits")).json()["versions"][0]["threads"]
+    # Which runner each of the burst's batches took depends on when each image was decoded; the batcher's
+    # own tests (test_batcher_instances.py) pin that down with a manual clock. Here: every answer is right.
+    assert threads["wide_session_threads"] == share and threads["wide_session_batches"] == wide.runs
+    assert "wide session for lone requests (set)" in threads["reason"]
+    from export import evaluate
+    from service.runtime.manifest import load_manifest
+
+    in_process = evaluate.predict(GRAPH, load_manifest(GRAPH.with_name("model.json")).preprocessing, images)
+    assert [a["predictions"][0]["class_id"] for a in [alone, *burst]] == in_process.tolist()
+
+
 def test_device_cuda_without_the_cuda_provider_is_reported_not_assumed(monkeypatch) -> None:
     from service.runtime import sessions as runtime
 

@@ -30,6 +30,18 @@ def test_noise_within_the_tolerance_does_not_buy_a_larger_batch() -> None:
     assert choose(curve({1: [100, 101, 99, 100, 104.9]})).batch_size == 1  # one high reading at b16
 
 
+def test_a_larger_batch_must_beat_a_smaller_one_by_more_than_the_rounds_spread() -> None:
+    # ViT-Ti/16 on 2 busy cores, 3 rounds each: the medians say b8 by 16 %, the rounds say noise.
+    noisy = [Point(1, 1, 47.7, 44.0, 52.0), Point(1, 2, 54.0, 50.0, 56.0), Point(1, 8, 55.2, 49.0, 57.0)]
+    assert choose(noisy) == noisy[0]  # b1's best round (52) beat b8's worst (49)
+    tight = [Point(1, 1, 47.7, 47.0, 48.0), Point(1, 2, 54.0, 53.5, 54.5), Point(1, 8, 55.2, 54.9, 55.6)]
+    assert choose(tight) == tight[1]  # rounds that agree: b2 is within 5 % of b8, b1 is not
+    rising = [Point(1, 1, 100, 99, 101), Point(1, 64, 1950, 1940, 1960)]
+    assert choose(rising).batch_size == 64
+    legacy = [Point(1, 1, 47.7), Point(1, 8, 55.2)]  # cached before rounds were kept: the medians alone
+    assert choose(legacy).batch_size == 8
+
+
 def test_a_second_instance_is_taken_only_when_it_pays() -> None:
     points = curve({1: [50, 55, 56, 55, 54], 2: [90, 98, 100, 99, 97]})
     assert choose(points) == Point(2, 2, 98)

@@ -56,6 +56,7 @@ TUNED = {
     "tune_point_seconds": 0.02,
     "tune_max_batch_size": 4,
     "tune_busy_cores": 64,
+    "wide_session": False,  # so that the instance count is tuned too (a wide session fixes it: see below)
 }
 
 
@@ -99,7 +100,25 @@ async def test_a_manifests_batching_section_and_explicit_settings_win_over_the_t
         described = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
     assert described["autotune"] == {"source": "not tuned: max_batch_size from the manifest's batching section and "
                                      "instances set (PATCHSERVE_INSTANCES)"}  # fmt: skip
-    assert described["threads"]["forced"] == ["decode_threads", "instances"]
+    assert described["threads"]["forced"] == ["decode_threads", "instances", "wide"]
+
+
+@pytest.mark.anyio
+async def test_with_a_wide_session_the_tuner_measures_batch_sizes_at_the_planned_instances(tmp_path: Path) -> None:
+    settings = make_settings(
+        model_repository=one_model_repository(tmp_path), tune_cache=tmp_path / "cache", **TUNED | {"wide_session": None}
+    )
+    async with running_app(settings) as client:
+        described = (await client.get("/v1/models/vit-digits")).json()["versions"][0]
+    threads, tuning = described["threads"], described["autotune"]
+    share = threads["usable_cores"]
+    if share < 2:  # one core: one instance has every core, and there is no wide session
+        assert (threads["instances"], threads["wide_session_threads"]) == (1, 0)
+        return
+    planned = (threads["instances"], threads["intra_op_threads"], threads["wide_session_threads"])
+    assert planned == (2, share // 2, share)
+    assert {p["instances"] for p in tuning["curve"]} == {2} and tuning["chosen"]["instances"] == 2
+    assert f"a {share}-thread wide session for lone requests" in threads["reason"]
 
 
 @pytest.mark.anyio

@@ -1,0 +1,81 @@
+"""Which runner takes the next batch: N instances, and an optional wide runner for a request that arrives alone.
+
+On a CPU the two loads want different sessions. A lone request runs fastest on one session
+whose intra-op threads span every core. Under load, that session's parallel sections keep
+waiting for whichever of its threads a decode thread has pushed off its core, while one
+single-threaded session per core, side by side, never waits for another thread: on 2 cores it
+served about 25 % more at concurrency 16 and took about 45 % longer for a lone request
+(``python -m bench.variants``; docs/performance.md, "Threads on a small CPU"). The wide runner gives
+both: the N instances serve batches under load, and a further session with every core (the
+*wide* runner) takes a batch of one that arrives while every instance is idle and nothing else
+waits. The two never run at once, so the threads that compute never outnumber the cores: while
+the wide runner runs, no instance starts a batch, and it starts only when every instance is idle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+
+class RunnerPool:
+    """Hands out runner indices: instances ``0 … instances-1``, and ``instances`` for the wide runner.
+
+    Args:
+        instances: the model's sessions fed with batches (at least 1).
+        wide: whether a wide runner follows them.
+    """
+
+    def __init__(self, instances: int, *, wide: bool = False) -> None:
+        if instances < 1:
+            raise ValueError("a batcher needs at least one runner")
+        self.instances = instances
+        self.wide: int | None = instances if wide else None  # the wide runner's index
+        self._idle = list(reversed(range(instances)))  # instance 0 is used first
+        self._wide_running = False
+        self._arriving = 0  # inputs on their way to the queue (arriving())
+        self.wide_batches = 0  # batches the wide runner took (tests and logs)
+
+    @property
+    def runners(self) -> int:
+        """Every runner, the wide one included."""
+        return self.instances + (self.wide is not None)
+
+    @contextlib.contextmanager
+    def arriving(self, count: int) -> Iterator[None]:
+        """While the block runs, ``count`` inputs are on their way: admitted, being decoded, not yet queued.
+
+        A lone queued input takes the wide runner only when nothing else is on its way: under load,
+        requests reach the queue one at a time as their decoding ends, yet none of them is alone.
+        """
+        self._arriving += count
+        try:
+            yield
+        finally:
+            self._arriving -= count
+
+    def available(self) -> bool:
+        """A batch may start now: an instance is idle, and the wide runner (every core) is not running."""
+        return bool(self._idle) and not self._wide_running
+
+    def take(self, batch_size: int, queued: int) -> int:
+        """The runner for a batch of ``batch_size`` inputs, with ``queued`` inputs waiting or on their way behind it.
+
+        The wide runner when there is one, the batch is a lone input, nothing waits or is on its
+        way (:meth:`arriving`) and every instance is idle; else an idle instance (the one freed
+        last; instance 0 at first). Call only when :meth:`available`.
+        """
+        assert self.available(), "take a runner only when one is available"
+        alone = batch_size == 1 and queued == 0 and self._arriving == 0
+        if self.wide is not None and alone and len(self._idle) == self.instances:
+            self._wide_running = True
+            self.wide_batches += 1
+            return self.wide
+        return self._idle.pop()
+
+    def give_back(self, runner: int) -> None:
+        """``runner``'s batch is done: it is idle again."""
+        if runner == self.wide:
+            self._wide_running = False
+        else:
+            self._idle.append(runner)
