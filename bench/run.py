@@ -209,7 +209,8 @@ def measure_http(
     log_dir: Path,
     tuned: dict | None = None,
 ) -> list[dict]:
-    """Every (size, concurrency) point for every server in interleaved rounds, all servers up at once.
+    """Every (size, concurrency) point for every server in interleaved rounds, all servers up at once
+    and all but the one measured paused (SIGSTOP) during each point.
 
     Returns:
         One record per (server, size, concurrency): :func:`report.summarise` of its rounds,
@@ -226,7 +227,8 @@ def measure_http(
         by_key = {server.key: server for server in contestants}
         for size, concurrency, round_, key in schedule(list(files_by_size), concurrencies, list(by_key), rounds):
             url = running[key].url + by_key[key].path.format(model=model)
-            point = measure_point(url, files_by_size[size], concurrency=concurrency, seconds=seconds, warmup=warmup)
+            with servers.alone(running, key):  # the others paused: none takes CPU from this point
+                point = measure_point(url, files_by_size[size], concurrency=concurrency, seconds=seconds, warmup=warmup)
             point["round"] = round_
             measured.setdefault((key, size, concurrency), []).append(point)
             log.info(

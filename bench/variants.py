@@ -76,9 +76,10 @@ def main(argv: list[str] | None = None) -> None:
             for concurrency in (int(c) for c in args.concurrency.split(",")):
                 for server in contestants:
                     url = running[server.key].url + server.path
-                    loadgen.run(url, files, concurrency=concurrency, seconds=args.warmup)
-                    with quiet.Watch() as watch:
-                        r = loadgen.run(url, files, concurrency=concurrency, seconds=args.seconds)
+                    with servers.alone(running, server.key):  # the other variants paused
+                        loadgen.run(url, files, concurrency=concurrency, seconds=args.warmup)
+                        with quiet.Watch() as watch:
+                            r = loadgen.run(url, files, concurrency=concurrency, seconds=args.seconds)
                     assert watch.load is not None
                     void = quiet.void_reason(watch.load)
                     rows.append(
