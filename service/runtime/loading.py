@@ -66,7 +66,11 @@ def check_graph(manifest: Manifest, runner: OrtRunner, folder: Path) -> None:
 
 
 def _tuning_note(
-    tuned: TuneResult | None, overrides: dict[str, Any], batch_size_fixed: bool, fixed_instances: int | None
+    tuned: TuneResult | None,
+    overrides: dict[str, Any],
+    batch_size_fixed: bool,
+    fixed_instances: int | None,
+    instances_set: bool = True,
 ) -> str:
     """Why the tuner chose what it did not (a fixed value), in words."""
     fixed = []
@@ -75,7 +79,8 @@ def _tuning_note(
     elif batch_size_fixed:
         fixed.append("max_batch_size set (PATCHSERVE_MAX_BATCH_SIZE)")
     if fixed_instances is not None:
-        fixed.append("instances set (PATCHSERVE_INSTANCES)")
+        by = "set (PATCHSERVE_INSTANCES)" if instances_set else "planned beside a wide session"
+        fixed.append(f"instances {by}")
     if tuned is None:
         return "not tuned: " + (" and ".join(fixed) if fixed else "the session did not get its provider")
     return "tuned" + (f"; kept {' and '.join(fixed)}" if fixed else "")
@@ -168,7 +173,7 @@ class Loader:
                 fixed_batch_size=fixed_batch,
                 cached_only=live,
             )
-            note = _tuning_note(tuned, overrides, self.batch_size_fixed, fixed_instances)
+            note = _tuning_note(tuned, overrides, self.batch_size_fixed, fixed_instances, "instances" in plan.forced)
             if tuned is None and live:
                 tuned, note = self._serving_choice(serving, fixed_batch, fixed_instances)
             if tuned is not None:

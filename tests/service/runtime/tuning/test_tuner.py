@@ -119,6 +119,7 @@ async def test_with_a_wide_session_the_tuner_measures_batch_sizes_at_the_planned
     assert planned == (2, share // 2, share)
     assert {p["instances"] for p in tuning["curve"]} == {2} and tuning["chosen"]["instances"] == 2
     assert f"a {share}-thread wide session for lone requests" in threads["reason"]
+    assert tuning["note"] == "tuned; kept instances planned beside a wide session"
 
 
 @pytest.mark.anyio
