@@ -3,9 +3,10 @@
 On a CPU the two loads want different sessions. A lone request runs fastest on one session
 whose intra-op threads span every core. Under load, that session's parallel sections keep
 waiting for whichever of its threads a decode thread has pushed off its core, while one
-single-threaded session per core, side by side, never waits for another thread: on 2 cores it
-served about 25 % more at concurrency 16 and took about 45 % longer for a lone request
-(``python -m bench.variants``; docs/performance.md, "Threads on a small CPU"). The wide runner gives
+single-threaded session per core, side by side, never waits for another thread: on 2 cores two
+of them served 19 % more at concurrency 16 (47.9 against 40.3 req/s) and took 1.5x as long for a
+lone request (p50 42.8 against 28.5 ms; ``python -m bench.variants``, docs/performance.md,
+"Threads on a small CPU"). Each session holds its own copy of the weights. The wide runner gives
 both: the N instances serve batches under load, and a further session with every core (the
 *wide* runner) takes a batch of one that arrives while every instance is idle and nothing else
 waits. The two never run at once, so the threads that compute never outnumber the cores: while

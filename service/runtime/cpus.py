@@ -267,7 +267,7 @@ def plan_threads(
     Defaults (each overridden by the argument when given: None or 0 means "choose"):
 
     * instances: on the CPU 2 when the model's share is 2 cores or more, else 1: sessions side
-      by side served about 25 % more under load than one session with every core, whose
+      by side served about 20 % more under load than one session with every core, whose
       parallel sections wait for threads the decoders push off their cores (``bench.variants``
       on 2 cores; docs/performance.md); 2 on a GPU, so one batch's copies overlap another's
       compute;
