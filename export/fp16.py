@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from service.imaging.preprocess import Preprocessor
-from service.pipeline.inference import decode_and_preprocess
+from service.pipeline.decoding import decode_and_preprocess
 from service.runtime.manifest import load_manifest, write_manifest
 
 if TYPE_CHECKING:

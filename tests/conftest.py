@@ -182,7 +182,7 @@ def hf_repository(tmp_path_factory) -> Path:
 
 
 class DecodeCounter:
-    """How many decodes (``service.pipeline.inference._decode_and_preprocess``) ran at once, at most."""
+    """How many decodes (``service.pipeline.decoding._decode_and_preprocess``) ran at once, at most."""
 
     def __init__(self) -> None:
         self.active = self.peak = 0
@@ -192,9 +192,9 @@ class DecodeCounter:
 @pytest.fixture
 def concurrent_decodes(monkeypatch: pytest.MonkeyPatch) -> DecodeCounter:
     """Counts the decodes in flight; each is held 20 ms, long enough for others to start if allowed to."""
-    from service.pipeline import inference
+    from service.pipeline import decoding
 
-    counter, original = DecodeCounter(), inference._decode_and_preprocess
+    counter, original = DecodeCounter(), decoding._decode_and_preprocess
 
     def counting(*args):
         with counter.lock:
@@ -207,5 +207,5 @@ def concurrent_decodes(monkeypatch: pytest.MonkeyPatch) -> DecodeCounter:
             with counter.lock:
                 counter.active -= 1
 
-    monkeypatch.setattr(inference, "_decode_and_preprocess", counting)
+    monkeypatch.setattr(decoding, "_decode_and_preprocess", counting)
     return counter

@@ -8,12 +8,14 @@ dropped. An image that does not fit waits, in arrival order, until it fits or it
 deadline passes (504); one that alone is larger than the whole budget could never fit and is
 refused at once (413). The budget only counts: the memory it bounds is the decoders'.
 
-Single event loop: every method runs on the worker's loop (no locks).
+Every method runs on the worker's event loop except :meth:`PixelBudget.try_acquire`, which a
+decode thread may call: a lock guards the count that both change.
 """
 
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections import deque
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -34,6 +36,7 @@ class PixelBudget:
         self.capacity = capacity
         self.held = 0
         self._waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+        self._lock = threading.Lock()  # held and the waiters' order, against try_acquire from a decode thread
 
     @property
     def waiting(self) -> int:
@@ -48,16 +51,32 @@ class PixelBudget:
             if future.done():  # gave up (deadline or cancellation) before it was granted
                 self._waiting.popleft()
                 continue
-            if self.held + pixels > self.capacity:
-                return
-            self._waiting.popleft()
-            self.held += pixels
+            with self._lock:
+                if self.held + pixels > self.capacity:
+                    return
+                self._waiting.popleft()
+                self.held += pixels
             future.set_result(None)
 
     def release(self, pixels: int) -> None:
-        """Give back ``pixels`` that :meth:`acquire` granted."""
-        self.held -= pixels
+        """Give back ``pixels`` that :meth:`acquire` or :meth:`try_acquire` granted (on the loop)."""
+        with self._lock:
+            self.held -= pixels
         self._wake()
+
+    def try_acquire(self, pixels: int) -> bool:
+        """Hold ``pixels`` now if they fit and nobody waits; never waits. Safe from any thread.
+
+        The decode pool's one-trip path (:func:`service.pipeline.inference.infer_images`)
+        reserves an image's pixels here between reading its header and decoding it; when this
+        returns False the request waits for room on the loop with :meth:`acquire` instead.
+        The holder gives them back with :meth:`release`, on the loop.
+        """
+        with self._lock:
+            if self._waiting or self.held + pixels > self.capacity:
+                return False
+            self.held += pixels
+            return True
 
     async def acquire(self, pixels: int, timeout: float | None) -> None:
         """Wait until ``pixels`` fit, then hold them until :meth:`release`.
@@ -71,8 +90,7 @@ class PixelBudget:
                 f"the image decodes to {pixels} pixels, more than this worker decodes at once ({self.capacity}, "
                 "PATCHSERVE_MAX_DECODING_PIXELS)"
             )
-        if not self._waiting and self.held + pixels <= self.capacity:
-            self.held += pixels
+        if self.try_acquire(pixels):
             return
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((pixels, future))

@@ -11,7 +11,7 @@ from PIL import Image
 
 from service.core.errors import DeadlineExceeded, PayloadTooLarge
 from service.imaging.pixel_budget import PixelBudget
-from service.pipeline import inference
+from service.pipeline import decoding, inference
 from tests.conftest import running_app
 
 pytestmark = pytest.mark.anyio
@@ -128,14 +128,14 @@ async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(mo
     # cannot be interrupted: the request answers at its deadline, and the image's pixels stay
     # reserved until the thread really ends.
     release, started = threading.Event(), threading.Event()
-    original = inference._decode_and_preprocess
+    original = decoding._decode_and_preprocess
 
     def stuck(*args):
         started.set()
         release.wait(60)  # a decode that runs on past the deadline
         return original(*args)
 
-    monkeypatch.setattr(inference, "_decode_and_preprocess", stuck)
+    monkeypatch.setattr(decoding, "_decode_and_preprocess", stuck)
     async with running_app() as client:
         budget = client.app.state.server.pixel_budget
         response = await client.post(CLASSIFY, files={"image": png(64, 64)}, params={"timeout": 0.2})
@@ -149,3 +149,76 @@ async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(mo
     assert started.is_set() and response.status_code == 504, response.text
     assert "deadline passed while this image was being decoded" in response.json()["detail"]
     assert held_while_running == 64 * 64 and held_after == 0
+
+
+async def test_try_acquire_never_waits_and_never_overtakes_a_waiter() -> None:
+    budget = PixelBudget(100)
+    assert budget.try_acquire(60) and budget.held == 60
+    assert not budget.try_acquire(41) and budget.held == 60  # does not fit
+    waiter = asyncio.create_task(budget.acquire(50, timeout=None))
+    await asyncio.sleep(0)
+    assert budget.waiting == 1
+    assert not budget.try_acquire(10)  # would fit, but someone waits
+    budget.release(60)
+    await waiter
+    assert budget.held == 50 and budget.waiting == 0
+    assert not budget.try_acquire(101)  # more than the whole budget: the loop's acquire says 413
+    # From several threads at once, the budget is never overdrawn.
+    budget.release(50)
+    granted: list[bool] = []
+    threads = [
+        threading.Thread(target=lambda: granted.extend(budget.try_acquire(30) for _ in range(50))) for _ in range(4)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert granted.count(True) == 3 and budget.held == 90
+
+
+async def test_a_lone_image_goes_to_the_decode_pool_once_several_go_twice_each(monkeypatch) -> None:
+    # Issue 14 item 4: header, budget and decode in one trip for a request's only image.
+    trips: list[str] = []
+    async with running_app() as client:
+        pool = client.app.state.server.decode_pool
+        submit = pool.submit
+
+        def counted(fn, *args, **kwargs):
+            trips.append(fn.__name__)
+            return submit(fn, *args, **kwargs)
+
+        monkeypatch.setattr(pool, "submit", counted)
+        one = await client.post(CLASSIFY, files={"image": png(64, 64)})
+        lone = list(trips)
+        trips.clear()
+        two = await client.post(CLASSIFY, files=[("image", png(64, 64)), ("image", png(32, 32))])
+        held_after = client.app.state.server.pixel_budget.held
+    assert one.status_code == 200 and one.json()["predictions"]
+    assert lone == ["_open_and_decode"]
+    assert sorted(trips) == ["_decode_and_preprocess"] * 2 + ["_probe"] * 2
+    assert [r["predictions"] != [] for r in two.json()["results"]] == [True, True] and held_after == 0
+
+
+async def test_a_lone_image_without_room_waits_on_the_loop_and_is_decoded_when_room_comes() -> None:
+    async with running_app(max_decoding_pixels=5_000) as client:
+        budget = client.app.state.server.pixel_budget
+        budget.try_acquire(5_000)  # the whole budget held by "another image"
+        request = asyncio.create_task(client.post(CLASSIFY, files={"image": png(64, 64)}))
+        for _ in range(6000):  # a bound on waiting for the request to queue for room, never a measured figure
+            if budget.waiting:
+                break
+            await asyncio.sleep(0.01)
+        waited = budget.waiting
+        budget.release(5_000)
+        response = await request
+        held_after = budget.held
+    assert waited == 1 and response.status_code == 200 and response.json()["predictions"]
+    assert held_after == 0
+
+
+async def test_a_lone_image_past_the_request_pixel_total_is_a_413() -> None:
+    async with running_app(max_request_pixels=1_000) as client:
+        response = await client.post(CLASSIFY, files={"image": png(64, 64)})
+        held_after = client.app.state.server.pixel_budget.held
+    assert response.status_code == 413 and "PATCHSERVE_MAX_REQUEST_PIXELS" in response.json()["detail"]
+    assert held_after == 0

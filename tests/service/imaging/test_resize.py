@@ -143,7 +143,7 @@ def _png(width: int, height: int, mode: str = "RGB") -> bytes:
 
 
 def test_a_model_input_over_max_pixels_is_a_413_before_it_is_resized() -> None:
-    from service.pipeline.inference import decode_and_preprocess
+    from service.pipeline.decoding import decode_and_preprocess
 
     uncapped = Preprocessor(POLICIES["shortest_edge-uncapped"])  # 1x4000 -> (H, W) = (896000, 224) input pixels
     with pytest.raises(PayloadTooLarge, match="896000x224"):

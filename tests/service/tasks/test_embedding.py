@@ -9,7 +9,7 @@ import pytest
 from PIL import Image
 
 from service.imaging.preprocess import Preprocessor
-from service.pipeline.inference import decode_and_preprocess
+from service.pipeline.decoding import decode_and_preprocess
 from service.runtime.manifest import load_manifest
 from service.tasks.embedding import embed
 from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app

@@ -1,0 +1,348 @@
+"""Reading and decoding a request's images in the decode pool, within the pixel budgets (issue 15 F).
+
+Each image's header is read first (the JPEG and PNG pre-scan included), its decoded pixels
+checked against the request's total and reserved from the worker's budget, then it is decoded
+and preprocessed; a request's only image does all of it in one trip to the pool
+(:func:`decode_alone`), several images in two (:func:`probe_one`, then :func:`decode_one`), so
+that the request's total is checked in request order before any is decoded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from service.batching.config import InferenceResult
+from service.core import metrics, tracing
+from service.core.errors import (
+    DeadlineExceeded,
+    ImageProcessingFailed,
+    PayloadTooLarge,
+    ProblemError,
+)
+from service.imaging.images import DecodedImage, OpenedImage, decode_image, open_image
+from service.imaging.pixel_budget import PixelBudget
+from service.imaging.preprocess import Preprocessor
+from service.imaging.prescan import PrescanLimits
+from service.runtime.repository import ModelVersion
+
+log = logging.getLogger(__name__)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ImageOutcome:
+    """What happened to one image of a request: its result, or the problem that stopped it.
+
+    Attributes:
+        index: position in the request (0-based).
+        image: the decoded image (None if decoding failed).
+        result: the model's outputs for this image (None on error).
+        error: the problem to report for this image (None on success).
+        decode_seconds: time spent decoding and preprocessing, in seconds.
+        padding: the fraction of its bucket's pixels that were padding (0: no bucket, or none).
+    """
+
+    index: int
+    image: DecodedImage | None
+    result: InferenceResult | None
+    error: ProblemError | None
+    decode_seconds: float
+    padding: float = 0.0
+
+
+@dataclass(frozen=True)
+class DecodeLimits:
+    """What one request's images may cost to decode, beyond each image's own pixel limit.
+
+    Attributes:
+        prescan: the JPEG and PNG structure and metadata limits (:mod:`service.imaging.prescan`).
+        max_request_pixels: decoded pixels of all the request's images together; an image that
+            would take the request past it is a 413 entry of its own.
+    """
+
+    prescan: PrescanLimits = field(default_factory=PrescanLimits)
+    max_request_pixels: int = 160_000_000
+
+
+def _probe(model: ModelVersion, data: bytes, max_pixels: int, limits: PrescanLimits) -> OpenedImage:
+    """Blocking: runs in the decode thread pool. ``data`` pre-scanned and its header parsed."""
+    preprocessor = model.preprocessor
+    return open_image(
+        data,
+        color_mode=preprocessor.spec.color_mode,
+        max_pixels=max_pixels,
+        draft_size=preprocessor.draft_size,
+        limits=limits,
+    )
+
+
+def _decode_and_preprocess(
+    model: ModelVersion, opened: OpenedImage, max_pixels: int, keep_image: bool = True
+) -> tuple[DecodedImage, np.ndarray]:
+    """Blocking: runs in the decode thread pool. Returns the image and its (C, H, W) input."""
+    decoded, x = _preprocessed(model.preprocessor, opened.decode(model.preprocessor.spec.background), max_pixels)
+    return (decoded if keep_image else decoded.dropped()), x
+
+
+def decode_and_preprocess(
+    preprocessor: Preprocessor, data: bytes, max_pixels: int, *, limits: PrescanLimits | None = None
+) -> tuple[DecodedImage, np.ndarray]:
+    """An image file as the server reads it: decoded (JPEG draft, EXIF, background) and preprocessed.
+
+    Returns:
+        The decoded image and its float32 (C, H, W) model input.
+
+    Raises:
+        InvalidImage, PayloadTooLarge: as :func:`service.imaging.images.decode_image`; PayloadTooLarge
+            also when the model input would have more than ``max_pixels`` pixels (a
+            ``shortest_edge`` policy without ``longest_edge`` turns a 1x4000 strip into 224x896000).
+    """
+    decoded = decode_image(
+        data,
+        color_mode=preprocessor.spec.color_mode,
+        max_pixels=max_pixels,
+        draft_size=preprocessor.draft_size,
+        background=preprocessor.spec.background,
+        limits=limits,
+    )
+    return _preprocessed(preprocessor, decoded, max_pixels)
+
+
+def _preprocessed(
+    preprocessor: Preprocessor, decoded: DecodedImage, max_pixels: int
+) -> tuple[DecodedImage, np.ndarray]:
+    """``decoded`` and its model input; PayloadTooLarge as :func:`decode_and_preprocess`."""
+    input_w, input_h = preprocessor.content_size(*decoded.size)
+    if input_w * input_h > max_pixels:
+        raise PayloadTooLarge(
+            f"the model's input for this {decoded.width}x{decoded.height} image would be {input_h}x{input_w} = "
+            f"{input_w * input_h} pixels; the limit is {max_pixels}"
+        )
+    assert decoded.image is not None  # just decoded: only dropped() after this returns
+    return decoded, preprocessor(decoded.image)
+
+
+def _our_fault(model: ModelVersion, index: int, exc: Exception) -> ImageProcessingFailed:
+    """The 500 of one image whose decoding raised what no file should make it raise (a bug of ours)."""
+    log.error("decoding or preprocessing image %d for %s/%s failed", index, model.name, model.version, exc_info=exc)
+    return ImageProcessingFailed(
+        f"decoding or preprocessing this image failed on the server's side ({type(exc).__name__}), a "
+        "fault of ours, not of the image; the server log has the details"
+    )
+
+
+@dataclass
+class Work:
+    """One image on its way through the request: its file, what it decodes to, its outcome so far."""
+
+    index: int
+    data: bytes
+    pixels: int = 0
+    opened: OpenedImage | None = None  # pre-scanned, header parsed: decoded from here, not from data again
+    error: ProblemError | None = None
+    seconds: float = 0.0
+
+
+async def _until(deadline: float, clock_now: Callable[[], float], future: asyncio.Future[Any], what: str) -> Any:
+    """Await a decode-pool ``future`` until ``deadline`` (on the batcher's clock), then give up on it.
+
+    A Pillow decode running in a thread cannot be interrupted: the pre-scan's and the pixel
+    limits bound its work, and the request still answers at its deadline while it runs on.
+
+    Raises:
+        DeadlineExceeded: the deadline passed first (504).
+    """
+    future.add_done_callback(lambda f: f.cancelled() or f.exception())  # its fault, if any, is retrieved
+    try:
+        return await asyncio.wait_for(asyncio.shield(future), max(deadline - clock_now(), 0.0))
+    except TimeoutError:
+        raise DeadlineExceeded(f"the request's deadline passed while this image was being {what}") from None
+
+
+async def probe_one(
+    model: ModelVersion,
+    work: Work,
+    pool: Executor,
+    max_pixels: int,
+    limits: DecodeLimits,
+    slots: asyncio.Semaphore,
+    deadline: float,
+) -> None:
+    """Read what ``work``'s file decodes to, from its header (pre-scan included), in the pool."""
+    async with slots:
+        started = time.perf_counter()
+        loop = asyncio.get_running_loop()
+        try:
+            future = loop.run_in_executor(pool, _probe, model, work.data, max_pixels, limits.prescan)
+            work.opened = await _until(deadline, model.batcher.clock.now, future, "read")
+            work.pixels = work.opened.pixels
+        except ProblemError as exc:
+            work.error = exc
+        except Exception as exc:
+            work.error = _our_fault(model, work.index, exc)
+        work.seconds += time.perf_counter() - started
+    if work.error is not None:
+        _trace_failed_decode(work.error)
+
+
+def _trace_failed_decode(error: ProblemError) -> None:
+    """The ``decode`` span of an image refused from its header: failed, as if its decode had failed."""
+    with contextlib.suppress(ProblemError), tracing.decoding():
+        raise error
+
+
+def _open_and_decode(
+    model: ModelVersion,
+    data: bytes,
+    max_pixels: int,
+    limits: DecodeLimits,
+    budget: PixelBudget | None,
+    held: list[int],
+    keep_image: bool,
+) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None]:
+    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode.
+
+    The decode follows at once when the image fits the request's pixel limit and its pixels fit
+    the ``budget`` now (:meth:`PixelBudget.try_acquire`; they are then in ``held[0]``, for the
+    loop to give back); else the second part is None and the loop takes the opened file on
+    (the 413, or a wait for room) as a request of several images does.
+    """
+    opened = _probe(model, data, max_pixels, limits.prescan)
+    if opened.pixels > limits.max_request_pixels:
+        return opened, None
+    if budget is not None:
+        if not budget.try_acquire(opened.pixels):
+            return opened, None
+        held[0] = opened.pixels
+    return opened, _decode_and_preprocess(model, opened, max_pixels, keep_image)
+
+
+async def decode_alone(
+    model: ModelVersion,
+    work: Work,
+    pool: Executor,
+    max_pixels: int,
+    limits: DecodeLimits,
+    *,
+    budget: PixelBudget | None,
+    deadline: float,
+    keep_image: bool,
+) -> tuple[ImageOutcome, np.ndarray | None]:
+    """A request's only image, read and decoded in one trip to the pool (:func:`_open_and_decode`).
+
+    The same checks in the same order as :func:`probe_one` then :func:`decode_one`, which it
+    falls back to when the image must wait for decoding room or is refused for its size; one
+    hand-off to the pool and back instead of two (issue 14, item 4).
+    """
+    started = time.perf_counter()
+    held = [0]
+    try:
+        with tracing.decoding():
+            future = asyncio.get_running_loop().run_in_executor(
+                pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image
+            )
+            if budget is not None:
+                pixels_budget = budget  # narrowed for the callback
+
+                def give_back(_: object) -> None:  # when the thread ends, even after a 504
+                    if held[0]:
+                        pixels_budget.release(held[0])
+
+                future.add_done_callback(give_back)
+            opened, done = await _until(deadline, model.batcher.clock.now, future, "decoded")
+    except ProblemError as exc:
+        return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
+    except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
+        error = _our_fault(model, work.index, exc)
+        return ImageOutcome(work.index, None, None, error, time.perf_counter() - started), None
+    if done is None:  # too large for the request, or no room now: the two-step path takes it on
+        work.opened, work.pixels, work.seconds = opened, opened.pixels, time.perf_counter() - started
+        within_request_budget([work], limits.max_request_pixels)
+        return await decode_one(
+            model, work, pool, max_pixels, asyncio.Semaphore(1), budget=budget, deadline=deadline,
+            keep_image=keep_image,
+        )  # fmt: skip
+    decoded, x = done
+    decode_seconds = time.perf_counter() - started
+    metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
+    return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
+
+
+def within_request_budget(works: list[Work], max_request_pixels: int) -> None:
+    """In request order, refuse (413) each image that would take the request past ``max_request_pixels``."""
+    total = 0
+    for work in works:
+        if work.error is not None:
+            continue
+        if total + work.pixels > max_request_pixels:
+            work.error = PayloadTooLarge(
+                f"this image decodes to {work.pixels} pixels, which would take this request's images past "
+                f"{max_request_pixels} decoded pixels together (PATCHSERVE_MAX_REQUEST_PIXELS); send fewer or "
+                "smaller images per request"
+            )
+            continue
+        total += work.pixels
+
+
+async def decode_one(
+    model: ModelVersion,
+    work: Work,
+    pool: Executor,
+    max_pixels: int,
+    slots: asyncio.Semaphore,
+    *,
+    budget: PixelBudget | None,
+    deadline: float,
+    keep_image: bool,
+) -> tuple[ImageOutcome, np.ndarray | None]:
+    """Decode and preprocess one image in the pool, holding its pixels of the worker's budget meanwhile.
+
+    The decode starts from the file :func:`probe_one` opened (pre-scanned, header parsed), so
+    neither is done twice.
+
+    The pixels are reserved before the decode starts and returned when its thread ends, even
+    when the request stopped waiting for it at its deadline (504), so the budget bounds what the
+    decode threads really hold.
+
+    Returns its outcome so far and its (C, H, W) input (None when it failed).
+    """
+    if work.error is not None:
+        return ImageOutcome(work.index, None, None, work.error, work.seconds), None
+    opened, work.opened = work.opened, None  # the decode consumes it
+    assert opened is not None
+    now = model.batcher.clock.now
+    async with slots:
+        started = time.perf_counter()
+        try:
+            with tracing.decoding():
+                if budget is not None:
+                    await budget.acquire(work.pixels, max(deadline - now(), 0.0))
+                try:
+                    future = asyncio.get_running_loop().run_in_executor(
+                        pool, _decode_and_preprocess, model, opened, max_pixels, keep_image
+                    )
+                except BaseException:
+                    if budget is not None:
+                        budget.release(work.pixels)
+                    raise
+                if budget is not None:
+                    future.add_done_callback(lambda _: budget.release(work.pixels))
+                decoded, x = await _until(deadline, now, future, "decoded")
+        except ProblemError as exc:
+            return ImageOutcome(work.index, None, None, exc, work.seconds + time.perf_counter() - started), None
+        except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
+            error = _our_fault(model, work.index, exc)
+            return ImageOutcome(work.index, None, None, error, work.seconds + time.perf_counter() - started), None
+    decode_seconds = work.seconds + time.perf_counter() - started
+    metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
+    return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
