@@ -37,11 +37,6 @@ class RunnerPool:
         self._arriving = 0  # inputs on their way to the queue (arriving())
         self.wide_batches = 0  # batches the wide runner took (tests and logs)
 
-    @property
-    def runners(self) -> int:
-        """Every runner, the wide one included."""
-        return self.instances + (self.wide is not None)
-
     @contextlib.contextmanager
     def arriving(self, count: int) -> Iterator[None]:
         """While the block runs, ``count`` inputs are on their way: admitted, being decoded, not yet queued.

@@ -178,6 +178,7 @@ class ThreadPlan:
         decode_threads: the worker's image-decoding pool.
         wide_threads: intra-op threads of the wide session, which runs a request that arrives
             alone while every instance is idle (:mod:`service.batching.runners`); 0: none.
+        wide: the setting: the wide session forced on (True) or off (False); None: chosen.
         share: cores this model version may keep busy (its share of the worker's).
         cores: the process's usable cores, and ``workers``, ``models`` it was shared between.
         forced: the names of the values a setting fixed.
@@ -196,6 +197,7 @@ class ThreadPlan:
     reason: str = ""
     wide_threads: int = 0
     device_type: str = "cpu"
+    wide: bool | None = None
 
     @property
     def computing_threads(self) -> int:
@@ -219,8 +221,8 @@ def _finish(plan: ThreadPlan) -> ThreadPlan:
     threads = plan.intra_op_threads if "intra_op_threads" in plan.forced else max(1, plan.share // plan.instances)
     if plan.device_type != "cpu":
         wide = 0  # a GPU runs a lone request on its own device: nothing to widen
-    elif "wide" in plan.forced:
-        wide = plan.share if plan.wide_threads else 0
+    elif plan.wide is not None:
+        wide = plan.share if plan.wide else 0
     else:  # on when a lone request would otherwise run on fewer threads than the model's share of cores
         wide = plan.share if threads < plan.share else 0
     plan = dataclasses.replace(plan, intra_op_threads=threads, wide_threads=wide)
@@ -312,7 +314,7 @@ def plan_threads(
         workers=workers,
         models=models,
         forced=frozenset(forced),
-        wide_threads=int(bool(wide)),  # a flag until _finish sizes it
         device_type=device_type,
+        wide=wide,
     )
     return _finish(plan)
