@@ -29,7 +29,7 @@ import torch
 from export.hf import pad_to_bucket
 from export.onnx_export import export_info, export_onnx, parity
 from models.detection_data import load_split, to_coco
-from models.detection_eval import RunFn, coco_ap, detect_images
+from models.detection_eval import RunFn, coco_ap, detect_images, set_quality
 from models.detr import DETR, DETRForExport, config_from_dict
 from service.imaging.preprocess import Preprocessor
 from service.imaging.spec import Preprocessing
@@ -139,6 +139,8 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
         onnx_runner(path), [c.image for c in test], preprocessing, labels, postprocess=postprocess
     )
     onnx_ap = coco_ap(to_coco(test), detections)
+    # What users see at the detect route's default threshold (issue 21): doubles, precision, recall.
+    quality = set_quality(to_coco(test), detections, threshold=detection.DEFAULT_THRESHOLD)
     trained = checkpoint["metrics"]
 
     c, h, w = preprocess.output_shape
@@ -181,13 +183,20 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
                 "test_AR100": onnx_ap["AR100"],
                 "test_AP_pytorch": trained["test_AP"],
                 "test_AP50_pytorch": trained["test_AP50"],
+                "test_duplicate_canvas_fraction": quality["duplicate_canvas_fraction"],
+                "test_duplicate_pairs": quality["duplicate_pairs"],
+                "test_precision": quality["precision"],
+                "test_recall": quality["recall"],
+                "set_quality_threshold": detection.DEFAULT_THRESHOLD,
                 "test_images": float(len(test)),
                 "test_objects": float(sum(len(canvas.labels) for canvas in test)),
                 "train_seconds": trained["train_seconds"],
                 "train_cpu_seconds": trained["train_cpu_seconds"],
             },
             export=export_info(opset, diffs),
-            notes=frame + " COCO AP (pycocotools) with every query kept (threshold 0), boxes in canvas pixels.",
+            notes=frame + " COCO AP (pycocotools) with every query kept (threshold 0), boxes in canvas pixels; "
+            f"duplicates (same label, IoU > 0.5: models.detection_eval.set_quality), precision and recall at the "
+            f"detect route's default threshold {detection.DEFAULT_THRESHOLD}, through ONNX Runtime.",
         ),
     )
     write_manifest(manifest, out / "model.json")

@@ -306,13 +306,16 @@ def main(argv: list[str] | None = None) -> None:
     import asyncio
 
     from models.detection_data import SPLIT_SIZES, load_split, to_coco
+    from service.tasks.detection import DEFAULT_THRESHOLD
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("--url", default="http://127.0.0.1:8000", help="a running server")
     parser.add_argument("--model", default="detr-digits")
     parser.add_argument("--count", type=int, default=SPLIT_SIZES["test"], help="test canvases to post")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--threshold", type=float, default=0.5, help="the detect route's default, for set_quality")
+    parser.add_argument(
+        "--threshold", type=float, default=DEFAULT_THRESHOLD, help="the detect route's default, for set_quality"
+    )
     args = parser.parse_args(argv)
     canvases = load_split("test", None, args.count)
     pngs = []

@@ -160,10 +160,13 @@ def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], si
     return canvas
 
 
+DEFAULT_THRESHOLD = 0.5  # detect's default lowest score; the manifest's set-quality metrics are taken at it
+
+
 class DetectParams(BaseModel):
     """``detect``'s query parameters."""
 
-    threshold: float = Field(0.5, ge=0, le=1, description="Lowest score returned")
+    threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1, description="Lowest score returned")
     max_detections: int = Field(
         100, ge=1, description="Most detections returned, best first; clamped to the number of queries"
     )

@@ -80,6 +80,21 @@ def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
     assert set(manifest.provenance.export.parity_max_abs_diff) == {"1", "7"}
     assert manifest.provenance.metrics["test_images"] == 8
     assert "models.train_detr" in manifest.provenance.recipe
+    # Issue 21: what users see at the detect route's default threshold, recorded through ONNX Runtime.
+    from export.detr import onnx_runner
+    from models.detection_data import load_split, to_coco
+    from models.detection_eval import detect_images, set_quality
+
+    test = load_split("test", None, 8)
+    detections = detect_images(
+        onnx_runner(tmp_path / "out" / "model.onnx"), [c.image for c in test], manifest.preprocessing, manifest.labels
+    )
+    quality = set_quality(to_coco(test), detections, threshold=0.5)
+    metrics = manifest.provenance.metrics
+    assert metrics["set_quality_threshold"] == 0.5
+    for key in ("duplicate_canvas_fraction", "duplicate_pairs", "precision", "recall"):
+        assert metrics[f"test_{key}"] == pytest.approx(quality[key], abs=1e-12), key
+    assert 0 <= metrics["test_precision"] <= 1 and 0 <= metrics["test_recall"] <= 1
 
 
 def test_committed_detr_manifest_records_parity_and_the_ap_it_measures() -> None:
