@@ -17,6 +17,7 @@
 #   make profile      where patchserve's time goes under load (bench/profile.py); PROFILE_ARGS=... passes options
 #   make bench-tracing    what OpenTelemetry tracing costs at c=16, off and on in interleaved rounds (bench/tracing.py)
 #   make bench-detectors  one end-to-end run per DETR-family preset (bench/hf_detectors.py, docs/detectors.md)
+#   make bench-detr-buckets  DETR-R50 at 800: padding buckets vs exact-shape batching (bench/detr_buckets.py, docs/detector-batching.md)
 #   make bench-tools  wrk, the benchmarks' load generator (Debian's package), when missing and we may
 #   make gpu-kit      the offline kit for the GPU machine (docs/gpu.md): locked wheels in parts of <= 38 MiB, in .gpu-kit/
 #   make clean        remove .venv-serve, .venv, runs/, .pytest_cache, .mypy_cache, bench/.work, .venv-gpu-bench and .gpu-kit
@@ -33,6 +34,7 @@ ORT ?= cpu
 PIP_QUIET ?= -q
 
 .PHONY: serve test test-fast models lint typecheck clean tools hf-parity bench profile bench-tools gpu-kit bench-tracing bench-detectors \
+	bench-detr-buckets \
 	$(MODEL_TARGETS)
 
 $(SERVE_VENV)/.installed-$(ORT): pyproject.toml
@@ -155,6 +157,12 @@ bench-tracing: $(DEV_VENV)/.installed-bench bench-tools
 DETECTOR_PRESETS ?= rtdetr-r50vd rtdetr-v2-r50vd dfine-xlarge lwdetr-small rf-detr-base yolos-tiny conditional-detr-resnet-50
 bench-detectors: $(DEV_VENV)/.installed-bench $(SERVE_VENV)/.installed-$(ORT)
 	$(DEV_VENV)/bin/python -m bench.hf_detectors $(DETECTOR_PRESETS)
+
+# Random-weight DETR-R50 at shortest_edge 800 served twice, with and without padding buckets, in
+# interleaved rounds (about 12 minutes on 2 quiet cores; the import is cached in bench/.work/detr-buckets).
+# On a quiet machine only: rounds with foreign CPU load are marked LOADED. DETR_BUCKETS_ARGS=... passes options.
+bench-detr-buckets: $(DEV_VENV)/.installed-bench $(SERVE_VENV)/.installed-$(ORT)
+	$(DEV_VENV)/bin/python -m bench.detr_buckets $(DETR_BUCKETS_ARGS)
 
 profile: $(DEV_VENV)/.installed-bench bench-tools $(BENCH_MODEL)/model.onnx
 	$(DEV_VENV)/bin/python -m bench.profile $(PROFILE_ARGS)
