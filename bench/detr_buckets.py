@@ -13,10 +13,11 @@ longest_edge 1333 the graph takes a ``pixel_mask`` and the manifest lists
   ``pixel_mask`` graph: every image runs at its own resized shape with a mask of ones, and only
   images of identical shape share a batch (``service/batching/queue.py``, ``Request.key``).
 
-Both servers run (``.venv-serve``, ``python -m service``, CPU, auto-tuner off, a fixed
-``max_batch_size``, ``max_queue_delay`` and instance count, no wide session), each paused
-(SIGSTOP) while the other is measured. The load is a fixed stream of the benchmark photos
-(``bench.images.PHOTOS``) centre-cropped to five aspect ratios (long side 640, JPEG quality 90),
+Both servers run (``.venv-serve``, ``python -m service``, auto-tuner off, a fixed
+``max_batch_size``, ``max_queue_delay`` and instance count; on the CPU no wide session, with
+``--device cuda`` bench.gpu's detector settings), each paused (SIGSTOP) while the other is
+measured. The load is a fixed stream of the benchmark photos (``bench.images.PHOTOS``; ``--photos``:
+a folder of JPEGs) centre-cropped to five aspect ratios (long side 640, JPEG quality 90),
 in a seeded order, posted one image per request by ``--concurrency`` closed-loop clients. Rounds
 are interleaved (buckets, exact, buckets, exact, ...); each is watched (:class:`bench.quiet.Watch`)
 and one during which other processes took CPU is reported LOADED, never as clean.
@@ -98,11 +99,18 @@ def encode(photo: Image.Image, size: tuple[int, int]) -> bytes:
     return buffer.getvalue()
 
 
-def payloads(aspects: list[str]) -> dict[tuple[int, str], bytes]:
-    """Every benchmark photo (``bench.images.PHOTOS``, EXIF-upright RGB) at every aspect ratio, as JPEG bytes."""
+def photo_files(folder: Path | None = None) -> list[Path]:
+    """The benchmark photos (``bench.images.PHOTOS`` in ../shared/images), or every JPEG of ``folder``, sorted."""
+    if folder is not None:
+        return sorted(folder.glob("*.jpg"))
+    return [SHARED / "images" / name for name in PHOTOS]
+
+
+def payloads(files: list[Path], aspects: list[str]) -> dict[tuple[int, str], bytes]:
+    """Every photo of ``files`` (EXIF-upright RGB) at every aspect ratio, as JPEG bytes, by (index, aspect)."""
     out = {}
-    for index, name in enumerate(PHOTOS):
-        with Image.open(SHARED / "images" / name) as image:
+    for index, path in enumerate(files):
+        with Image.open(path) as image:
             photo = ImageOps.exif_transpose(image).convert("RGB")
         for aspect in aspects:
             out[index, aspect] = encode(photo, aspect_size(ASPECTS[aspect]))
@@ -302,17 +310,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     manifest = json.loads((buckets_repo / args.preset / "1" / "model.json").read_text())
     aspects = list(ASPECTS)
     geometry = shapes(Preprocessing.model_validate(manifest["preprocessing"]), aspects)
-    encoded = payloads(aspects)
-    bodies = [encoded[pair] for pair in stream(args.requests, len(PHOTOS), aspects, seed=args.seed)]
+    files = photo_files(args.photos)
+    encoded = payloads(files, aspects)
+    bodies = [encoded[pair] for pair in stream(args.requests, len(files), aspects, seed=args.seed)]
     settings = {
         "auto_tune": "false",
         "max_batch_size": str(args.max_batch_size),
         "max_queue_delay": str(args.max_queue_delay),
         "instances": str(args.instances),
-        "wide_session": "false",
         "drain_delay": "0",
-        "device": "cpu",
+        "device": args.device,
     }
+    if args.device == "cpu":
+        settings["wide_session"] = "false"  # every batch on the one session measured
+    else:  # bench.gpu's detector settings: EXHAUSTIVE would search cuDNN's algorithms once per new shape
+        settings |= {"io_binding": "true", "cudnn_conv_algo_search": "HEURISTIC"}
     contestants = [
         dataclasses.replace(
             servers.patchserve(repository, args.preset, task=detection.TASK.name, key=key, **settings),
@@ -353,6 +365,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "preset": args.preset,
         "preprocessing": {k: manifest["preprocessing"][k] for k in ("shortest_edge", "longest_edge", "buckets")},
         "aspects": geometry,
+        "photos": [p.name for p in files],
         "requests": args.requests,
         "concurrency": args.concurrency,
         "rounds": args.rounds,
@@ -379,6 +392,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--instances", type=int, default=1, help="ONNX Runtime sessions per server")
     parser.add_argument("--seed", type=int, default=0, help="the stream's order")
     parser.add_argument("--ready-timeout", type=float, default=1800, help="seconds a server may take to warm up")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--photos", type=Path, help="a folder of JPEGs instead of ../shared/images (a GPU machine)")
     parser.add_argument("--serve-python", type=Path, default=SERVE_PYTHON, help="the server's interpreter (no torch)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
