@@ -189,17 +189,16 @@ def prepare(work: Path, preset: str, shortest: int | None, longest: int | None) 
         (buckets repository, exact repository, seconds the import took; None when it was cached).
     """
     from export.hf import export_hf
-    from export.hf_presets import build
+    from export.hf_presets import PRESETS, build
     from export.onnx_export import DEFAULT_OPSET
 
     folder = work / "checkpoints" / preset
-    if not (folder / "config.json").exists():
+    if not (folder / "preprocessor_config.json").exists():  # build() writes it last
         build(preset, folder)
-    processor_path = folder / "preprocessor_config.json"
-    processor = json.loads(processor_path.read_text())
-    size = processor["size"]
-    size = {"shortest_edge": shortest or size["shortest_edge"], "longest_edge": longest or size["longest_edge"]}
-    processor_path.write_text(json.dumps({**processor, "size": size}, indent=2))
+    processor = PRESETS[preset][1]  # the preset's own, not the file an earlier override rewrote
+    own = processor["size"]
+    size = {"shortest_edge": shortest or own["shortest_edge"], "longest_edge": longest or own["longest_edge"]}
+    (folder / "preprocessor_config.json").write_text(json.dumps({**processor, "size": size}, indent=2))
     tag = f"{preset}-{size['shortest_edge']}x{size['longest_edge']}"
     imported = work / "imports" / tag / "1"
     export_seconds = None
@@ -215,6 +214,8 @@ def prepare(work: Path, preset: str, shortest: int | None, longest: int | None) 
         version = work / "repositories" / tag / key / preset / "1"
         version.mkdir(parents=True, exist_ok=True)
         onnx = version / "model.onnx"
+        if onnx.exists() and not onnx.samefile(imported / "model.onnx"):  # from an earlier import
+            onnx.unlink()
         if not onnx.exists():
             os.link(imported / "model.onnx", onnx)  # the same graph, byte for byte, without a second copy
         if key == "exact":
