@@ -72,6 +72,12 @@ MAX_DIMS = 64
 _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_memory_offset")
 
 
+# numpy kinds that a JSON ``data`` array may infer to: numbers (ints and floats; a boolean mixed
+# in among numbers is promoted by numpy and not caught), or for BOOL booleans only. None, a string
+# or a ragged list infers to object or unicode and is refused, as Triton's parser refuses them.
+_JSON_KINDS = {False: frozenset("iuf"), True: frozenset("b")}
+
+
 def datatype_of(dtype: np.dtype) -> str:
     """The protocol datatype of a numpy dtype (object arrays of bytes are ``BYTES``).
 
@@ -231,7 +237,19 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
         return name, array, offset + size
     _require("data" in entry, f"input {name!r} has neither data nor parameters.binary_data_size")
     try:
-        array = np.asarray(entry["data"], dtype=dtype)
+        inferred = np.asarray(entry["data"])  # JSON's own types first: null and true are not numbers
+        _require(
+            inferred.size == 0 or inferred.dtype.kind in _JSON_KINDS[datatype == "BOOL"],
+            f"input {name!r}: data is not a {datatype} tensor: its elements must all be "
+            f"{'true or false' if datatype == 'BOOL' else 'numbers'} (JSON null, booleans and strings are not)",
+        )
+        if dtype.kind in "iu" and inferred.size:  # out of range is an error, never a silent wrap-around
+            limits = np.iinfo(dtype)
+            _require(
+                limits.min <= inferred.min() and inferred.max() <= limits.max,
+                f"input {name!r}: data is not a {datatype} tensor: a value is outside [{limits.min}, {limits.max}]",
+            )
+        array = inferred.astype(dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"input {name!r}: data is not a {datatype} tensor: {exc}") from None
     _require(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import re
 import struct
 import zlib
 
@@ -219,6 +220,11 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await post(INFER, json=with_input(shape=[2, 1, 8, 8])), 400, "64 elements")
         assert_error(await post(INFER, json=with_input(data=["a"] * 64)), 400, "FP32")
         assert_error(await post(INFER, json=with_input(data=[[1.0], [1.0, 2.0]])), 400)
+        # JSON null and booleans are not numbers (numpy would read them as NaN and 1.0).
+        assert_error(await post(INFER, json=with_input(data=[None] * 64)), 400, "must all be numbers")
+        assert_error(await post(INFER, json=with_input(data=[True] * 64)), 400, "must all be numbers")
+        assert_error(await post(INFER, json=with_input(data=[0.5] * 63 + [None])), 400, "must all be numbers")
+        assert (await post(INFER, json=with_input(data=[0] * 64))).status_code == 200  # JSON integers are numbers
         zeros = np.zeros((0, 1, 8, 8), np.float32)
         assert_error(await post(INFER, json=json_request(zeros)), 400, "batch size")
         five = np.zeros((5, 1, 8, 8), np.float32)
@@ -417,3 +423,29 @@ async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> Non
     assert config["max_batch_size"] == 5 and config["dynamic_batching"]["preferred_batch_size"] == [2]
     assert five.status_code == 200 and five.json()["outputs"][0]["shape"] == [5, 10]
     assert_error(six, 400, "between 1 and 5")
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "problem"),
+    [
+        ("UINT8", [0, 255, -1], "outside [0, 255]"),
+        ("INT8", [128, 0, 0], "outside [-128, 127]"),
+        ("INT32", [1e10, 0, 0], "outside"),
+        ("BOOL", [1, 0, 1], "true or false"),
+        ("FP16", ["1", 0, 0], "must all be numbers"),
+        ("INT64", [None, 1, 2], "must all be numbers"),
+    ],
+)
+def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: str, data: list, problem: str) -> None:
+    from service.core.errors import BadRequest
+    from service.v2.protocol import parse_infer_request
+
+    def request(values: list) -> bytes:
+        return orjson.dumps({"inputs": [{"name": "x", "shape": [3], "datatype": datatype, "data": values}]})
+
+    with pytest.raises(BadRequest, match=re.escape(problem)):
+        parse_infer_request(request(data), None)
+    fine = {"UINT8": [0, 255, 7], "INT8": [-128, 127, 0], "INT32": [1, -2, 3], "BOOL": [True, False, True]}
+    if datatype in fine:
+        parsed = parse_infer_request(request(fine[datatype]), None)
+        assert parsed.inputs["x"].tolist() == fine[datatype]
