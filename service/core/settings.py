@@ -181,7 +181,7 @@ class Settings(BaseSettings):
 
     # Operation: admission, drain, connections (service/http/middleware/admission.py, service/process/serve.py).
     max_in_flight: int = Field(
-        128, ge=1, description="Requests one worker holds at once; more -> 503 + Retry-After before the body is read."
+        128, ge=1, description="Requests one worker holds at once; more -> 503 + Retry-After before they run."
     )
     body_timeout: float = Field(60.0, gt=0.0, description="Seconds to receive a whole request body (408).")
     drain_delay: float = Field(

@@ -257,6 +257,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         AdmissionMiddleware,
         max_in_flight=settings.max_in_flight,
         body_timeout=settings.body_timeout,
+        drain_bytes=settings.max_body_bytes,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
     )
     public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())

@@ -57,9 +57,10 @@ class Chunks:
             yield b"\0" * CHUNK
 
 
-def asgi_post(path: str, body: bytes) -> dict:
+def asgi_post(path: str, body: bytes, extra_headers: list[tuple[bytes, bytes]] | None = None) -> dict:
     """The ASGI scope of ``POST path`` with a PNG body of ``len(body)`` bytes (the body itself is sent by receive)."""
     headers = [(b"host", b"test"), (b"content-type", b"image/png"), (b"content-length", str(len(body)).encode())]
+    headers += extra_headers or []
     return {
         "type": "http",
         "asgi": {"version": "3.0"},
@@ -79,11 +80,11 @@ def asgi_post(path: str, body: bytes) -> dict:
 class HeldRequest:
     """A raw ASGI POST of one PNG whose body is sent only when ``release()`` is called."""
 
-    def __init__(self, app, path: str = CLASSIFY) -> None:
+    def __init__(self, app, path: str = CLASSIFY, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.release_body = asyncio.Event()
         self.messages: list[dict] = []
         self.body_reads = 0
-        self.task = asyncio.create_task(app(asgi_post(path, DIGIT_7), self._receive, self._send))
+        self.task = asyncio.create_task(app(asgi_post(path, DIGIT_7, headers), self._receive, self._send))
 
     async def _receive(self) -> dict:
         self.body_reads += 1

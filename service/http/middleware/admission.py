@@ -1,13 +1,19 @@
-"""Admission: what a worker lets in, before any body is read or any image decoded (DESIGN.md, "Receive").
+"""Admission: what a worker lets in, before any body is kept or any image decoded (DESIGN.md, "Receive").
 
 Two limits, both answered as problem+json (on /v2 as the protocol's ``{"error": ...}``):
 
 * **Requests in flight.** Each worker holds at most ``max_in_flight`` requests at once; one more
-  is refused at once with 503 and ``Retry-After``, before a byte of its body is read, so a burst
+  is refused with 503 and ``Retry-After`` before it runs, its body never kept, so a burst
   cannot pile up uploads, decoded images or queued tensors in memory. Liveness, readiness and
   metrics (``/healthz``, ``/readyz``, ``/metrics``) are never refused: a busy server stays
   observable and is not restarted for being busy. Behind this cap the batcher's bounded queue
-  (503) and request deadlines (504) apply.
+  (503) and request deadlines (504) apply. The refused request's body is read and dropped
+  (never kept: one chunk at a time, at most ``drain_bytes`` and :data:`DRAIN_SECONDS`) before
+  the 503 is sent: a client that writes its whole body before reading its answer (most HTTP
+  libraries, with ``Connection: close``) would otherwise get a TCP reset, the kernel's answer to
+  a socket closed with unread data, instead of the 503 (nginx's "lingering close" for the same
+  reason). A body that does not arrive within that bound, or a client that waits for
+  ``100 Continue``, gets the 503 at once with ``Connection: close``.
 * **Body-read time.** The whole body must arrive within ``body_timeout`` seconds of the request's
   arrival, else 408 and the connection is closed (a slow or stalled upload cannot hold a slot).
 
@@ -32,6 +38,7 @@ from service.http import accounting
 from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+DRAIN_SECONDS = 5.0  # most time spent reading a refused request's body before answering it
 
 
 @functools.cache
@@ -66,6 +73,7 @@ class AdmissionMiddleware:
         body_timeout: seconds from a request's arrival to the end of its body.
         retry_after: the ``Retry-After`` of a refusal, in seconds.
         exempt: paths that are never refused and have no body timeout.
+        drain_bytes: most body bytes read and dropped before a refusal is sent (the body cap).
     """
 
     def __init__(
@@ -76,8 +84,10 @@ class AdmissionMiddleware:
         body_timeout: float,
         retry_after: int = 1,
         exempt: frozenset[str] = EXEMPT_PATHS,
+        drain_bytes: int = 32 * 1024 * 1024,
     ) -> None:
         self.app = app
+        self.drain_bytes = drain_bytes
         self.max_in_flight = max_in_flight
         self.body_timeout = body_timeout
         self.retry_after = retry_after
@@ -108,7 +118,32 @@ class AdmissionMiddleware:
             f"retry after {self.retry_after} s",
             retry_after=self.retry_after,
         )
+        if not await self._drain(scope, receive):
+            error.headers["Connection"] = "close"
         await error_response_for(scope["path"], error, state.get("request_id"))(scope, receive, send)
+
+    async def _drain(self, scope: Scope, receive: Receive) -> bool:
+        """Read and drop a refused request's body, within bounds; whether all of it was read."""
+        headers = dict(scope.get("headers", []))
+        if b"100-continue" in headers.get(b"expect", b"").lower():
+            return False  # the client sends no body until told to: answer now
+        declared = headers.get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self.drain_bytes:
+            return False
+        deadline = time.monotonic() + min(DRAIN_SECONDS, self.body_timeout)
+        read = 0
+        while True:
+            try:
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+            except TimeoutError:
+                return False
+            if message["type"] != "http.request":
+                return False  # the client went away
+            read += len(message.get("body", b""))
+            if read > self.drain_bytes:
+                return False
+            if not message.get("more_body", False):
+                return True
 
     def _with_deadline(self, receive: Receive) -> Receive:
         """``receive`` that raises :class:`BodyTimeout` once the body is late; unbounded after it."""

@@ -23,15 +23,18 @@ def delta(before: str, after: str, **labels: str) -> float:
     return sample(after, "patchserve_requests_total", **labels) - sample(before, "patchserve_requests_total", **labels)
 
 
-async def test_requests_over_the_cap_get_503_with_retry_after_before_their_body_is_read() -> None:
+async def test_requests_over_the_cap_get_503_with_retry_after_once_their_body_is_dropped() -> None:
     async with running_app(max_in_flight=2) as client:
         app = client.app
         held = [HeldRequest(app), HeldRequest(app)]
         await until(lambda: all(h.body_reads == 1 for h in held))  # both inside, waiting for their bodies
         before = (await client.get("/metrics")).text
         third = HeldRequest(app)
+        await until(lambda: third.body_reads == 1)  # refused: its body is read to be dropped...
+        assert not third.task.done()  # ...before the 503, so that a client writing it all first reads the 503
+        third.release()
         await until(lambda: third.task.done())
-        assert third.body_reads == 0  # refused without reading a byte of its body
+        assert third.body_reads == 1 and "connection" not in third.headers  # all read: the connection may live on
         assert third.status == 503 and third.headers["retry-after"] == "1"
         assert third.headers["content-type"] == "application/problem+json"
         problem = third.body
@@ -95,3 +98,24 @@ async def test_exempt_paths_are_served_while_the_worker_is_full() -> None:
     assert still_held and refused.status_code == 503
     assert [r.status_code for r in responses] == [200] * 9
     assert held.status == 408
+
+
+async def test_a_refused_body_that_does_not_come_or_waits_for_100_continue_gets_the_503_and_a_close(
+    monkeypatch,
+) -> None:
+    from service.http.middleware import admission
+
+    monkeypatch.setattr(admission, "DRAIN_SECONDS", 0.05)
+    async with running_app(max_in_flight=1) as client:
+        app = client.app
+        holder = HeldRequest(app)
+        await until(lambda: holder.body_reads == 1)
+        stalled = HeldRequest(app)  # its body never comes: the drain gives up after DRAIN_SECONDS
+        await until(lambda: stalled.task.done())
+        assert stalled.status == 503 and stalled.headers["connection"] == "close"
+        waiting = HeldRequest(app, headers=[(b"expect", b"100-continue")])  # sends nothing until told to
+        await until(lambda: waiting.task.done())
+        assert waiting.body_reads == 0 and waiting.status == 503 and waiting.headers["connection"] == "close"
+        holder.release()
+        await asyncio.wait_for(holder.task, 10)
+        assert holder.status == 200
