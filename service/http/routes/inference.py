@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from service import tasks
-from service.core.errors import BadRequest
+from service.core.errors import BadRequest, DeadlineExceeded
 from service.http.accounting import accounted
 from service.http.deps import Repository, State
 from service.http.lifetime import requested_timeout, unless_disconnected
@@ -115,6 +115,11 @@ async def serve(
             max_images=settings.max_images_per_request,
             max_parts=settings.max_multipart_parts,
         )
+        if model.batcher.clock.now() >= deadline:  # a slow upload used it all: say so, not "while decoding"
+            raise DeadlineExceeded(
+                "the request's deadline passed while its body was still arriving; send it faster, or give it a "
+                "longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)"
+            )
         outcomes = await unless_disconnected(
             request,
             infer_images(
