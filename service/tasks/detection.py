@@ -166,7 +166,7 @@ DEFAULT_THRESHOLD = 0.5  # detect's default lowest score; the manifest's set-qua
 class DetectParams(BaseModel):
     """``detect``'s query parameters."""
 
-    threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1, description="Lowest score returned")
+    threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1, allow_inf_nan=False, description="Lowest score returned")
     max_detections: int = Field(
         100, ge=1, description="Most detections returned, best first; clamped to the number of queries"
     )

@@ -61,6 +61,8 @@ async def test_bad_parameters_are_422() -> None:
         for query in queries:
             response = await client.post(f"{DETECT}?{query}", files={"image": CANVAS})
             assert_problem(response, 422, query.split("=")[0])
+        nan = await client.post(f"{DETECT}?threshold=nan", files={"image": CANVAS})
+        assert "finite number" in nan.json()["detail"]  # not "should be less than or equal to 1"
 
 
 async def test_render_png_draws_the_returned_boxes() -> None:
