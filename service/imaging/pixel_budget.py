@@ -67,7 +67,7 @@ class PixelBudget:
     def try_acquire(self, pixels: int) -> bool:
         """Hold ``pixels`` now if they fit and nobody waits; never waits. Safe from any thread.
 
-        The decode pool's one-trip path (:func:`service.pipeline.inference.infer_images`)
+        The decode pool's one-trip path (:func:`service.pipeline.decoding.decode_alone`)
         reserves an image's pixels here between reading its header and decoding it; when this
         returns False the request waits for room on the loop with :meth:`acquire` instead.
         The holder gives them back with :meth:`release`, on the loop.

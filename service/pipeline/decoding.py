@@ -36,8 +36,6 @@ from service.runtime.repository import ModelVersion
 
 log = logging.getLogger(__name__)
 
-log = logging.getLogger(__name__)
-
 
 @dataclass(frozen=True)
 class ImageOutcome:
