@@ -241,7 +241,7 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
         _require(
             inferred.size == 0 or inferred.dtype.kind in _JSON_KINDS[datatype == "BOOL"],
             f"input {name!r}: data is not a {datatype} tensor: its elements must all be "
-            f"{'true or false' if datatype == 'BOOL' else 'numbers'} (JSON null, booleans and strings are not)",
+            + ("true or false" if datatype == "BOOL" else "numbers (JSON null, booleans and strings are not)"),
         )
         if dtype.kind in "iu" and inferred.size:  # out of range is an error, never a silent wrap-around
             limits = np.iinfo(dtype)
