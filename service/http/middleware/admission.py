@@ -39,6 +39,10 @@ from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 DRAIN_SECONDS = 5.0  # most time spent reading a refused request's body before answering it
+# The least time a read is given: a body that has already arrived is taken even when the app asks
+# for it after the deadline (a busy event loop is not the client's fault). On Python 3.11,
+# asyncio.wait_for with a timeout of 0 cancels the read before it ever runs.
+LEAST_READ_SECONDS = 0.001
 
 
 @functools.cache
@@ -134,7 +138,7 @@ class AdmissionMiddleware:
         read = 0
         while True:
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), LEAST_READ_SECONDS))
             except TimeoutError:
                 return False
             if message["type"] != "http.request":
@@ -155,7 +159,7 @@ class AdmissionMiddleware:
             if body_done:
                 return await receive()  # e.g. waiting for a disconnect while streaming: no deadline
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), 0.0))
+                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), LEAST_READ_SECONDS))
             except TimeoutError:
                 raise BodyTimeout(
                     f"the request body was not received within {self.body_timeout:g} s (PATCHSERVE_BODY_TIMEOUT)",

@@ -289,17 +289,22 @@ async def test_not_ready_is_a_4xx_and_infer_waits_for_loading() -> None:
 async def test_probes_pass_a_full_worker_and_a_late_body_is_a_protocol_408() -> None:
     from tests.service.helpers import HeldRequest, until
 
-    async with running_app(max_in_flight=1, body_timeout=1.0) as client:
-        held = HeldRequest(client.app, INFER)  # its body never comes: it holds the only slot until its 408
+    # The slot is held until the test releases it (no race with a body timeout on a busy machine).
+    async with running_app(max_in_flight=1, body_timeout=60.0) as client:
+        held = HeldRequest(client.app, INFER)
         await until(lambda: held.body_reads >= 1)
         refused = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7)))
         probes = [await client.get(p) for p in ("/v2/health/live", "/v2/health/ready")]
         still_held = not held.task.done()
+        held.release()
         await asyncio.wait_for(held.task, 10)
     assert still_held and refused.status_code == 503
     assert [r.status_code for r in probes] == [200, 200]
-    assert held.status == 408 and held.headers["connection"] == "close"
-    assert held.headers["content-type"] == "application/json" and "PATCHSERVE_BODY_TIMEOUT" in held.body["error"]
+    async with running_app(body_timeout=0.2) as client:
+        late = HeldRequest(client.app, INFER)  # its body never comes
+        await asyncio.wait_for(late.task, 10)
+    assert late.status == 408 and late.headers["connection"] == "close"
+    assert late.headers["content-type"] == "application/json" and "PATCHSERVE_BODY_TIMEOUT" in late.body["error"]
 
 
 async def test_a_batch_is_admitted_whole_or_refused_and_probes_need_no_key() -> None:
