@@ -7,8 +7,9 @@ graph. The batch axis is symbolic. Two input forms, as the checkpoint says (``pi
 * letterbox (no mask): H and W fixed, the letterbox preprocessing always produces the model's
   input size; boxes are relative to that padded frame.
 * bucketed (``pixel_mask``; issue 18): a second input ``pixel_mask`` (B, H, W) int64, H and W
-  dynamic; the served preprocessing is the ``fit`` policy (the training's resize) with padding
-  :func:`serving_buckets`; boxes are relative to each unpadded image.
+  dynamic; the served preprocessing is the training's resize (``fit``, or ``shortest_edge`` for
+  the ``resized-bucket`` inputs) with padding :func:`serving_buckets`; boxes are relative to each
+  unpadded image.
 
 ``postprocess`` ``"sigmoid"`` (the focal classification loss) is served by the
 ``sigmoid_top_k`` score rule with ``top_k`` 100, as the training's evaluation reads it; the
@@ -62,33 +63,47 @@ def onnx_runner(path: Path) -> RunFn:
     return run
 
 
-def serving_buckets(longest_edge: int, pad_to: str) -> list[dict[str, int]]:
+def serving_buckets(longest_edge: int, pad_to: str, *, every_longest: bool = False) -> list[dict[str, int]]:
     """The padding buckets (H, W) a bucketed checkpoint is served with, smallest first.
 
     ``pad_to`` ``"max"`` (trained on one padded square): that square. ``"bucket"``: the sides
     3/4 of ``longest_edge`` and all of it, in the four combinations (at 128: 96x96, 96x128, 128x96,
     128x128). Trained on finer buckets (sides in steps of 16), the model sees more padding in
     these, which its mask makes harmless to the attention; the test AP below is measured with them.
+    ``every_longest``: every image's longer side is resized to ``longest_edge`` (give or take the
+    pixel the Hugging Face arithmetic truncates), so no image fits the small square, which is left
+    out (it would only cost warm-up).
     """
     if pad_to == "max":
         return [{"height": longest_edge, "width": longest_edge}]
     sides = [longest_edge * 3 // 4, longest_edge]
     buckets = [{"height": h, "width": w} for h in sides for w in sides]
+    if every_longest:
+        buckets = [b for b in buckets if max(b["height"], b["width"]) == longest_edge]
     return sorted(buckets, key=lambda b: (b["height"] * b["width"], b["height"]))
 
 
 def served_preprocessing(checkpoint: dict[str, Any]) -> Preprocessing:
-    """The manifest's preprocessing for a checkpoint: its own (letterbox), or ``fit`` with buckets (masked)."""
+    """The manifest's preprocessing for a checkpoint: its own (letterbox), or with buckets (masked).
+
+    A masked checkpoint's resize is ``fit`` (trained as ``models.detr_inputs``'s ``fit``: only a
+    larger image shrinks), or ``shortest_edge`` with ``shortest_edge = longest_edge`` (trained as its
+    ``enlarge``: every image's longer side becomes that edge).
+    """
     spec = dict(checkpoint["preprocessing"])
     if not checkpoint.get("pixel_mask"):
         return Preprocessing.model_validate(spec)
     kept = ("color_mode", "interpolation", "scale", "mean", "std", "background")
+    every_longest = spec.get("resize") == "shortest_edge"
+    resize: dict[str, Any] = {"resize": "fit"}
+    if every_longest:
+        resize = {"resize": "shortest_edge", "shortest_edge": spec["shortest_edge"]}
     return Preprocessing.model_validate(
         {
             **{k: spec[k] for k in kept if k in spec},
-            "resize": "fit",
+            **resize,
             "longest_edge": spec["longest_edge"],
-            "buckets": serving_buckets(spec["longest_edge"], spec.get("pad_to", "bucket")),
+            "buckets": serving_buckets(spec["longest_edge"], spec.get("pad_to", "bucket"), every_longest=every_longest),
         }
     )
 
@@ -149,8 +164,14 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
     if postprocess == "sigmoid":
         task_options = {"scores": SigmoidTopK.name, "top_k": SIGMOID_TOP_K, "box_format": "cxcywh"}
     if masked:
+        resize = (
+            f"shortest_edge {preprocessing.shortest_edge} with longest_edge {preprocessing.longest_edge} "
+            "(the longer side resized, up or down, to that edge)"
+            if preprocessing.resize == "shortest_edge"
+            else f"fit (shrink to a longest side of {preprocessing.longest_edge} px, never enlarge)"
+        )
         frame = (
-            f"Resize policy: fit (shrink to a longest side of {preprocessing.longest_edge} px, never enlarge), then "
+            f"Resize policy: {resize}, then "
             f"padded bottom and right to the first bucket that holds it ({len(preprocessing.buckets or [])} buckets) "
             "with pixel_mask; pred_boxes are normalised cxcywh of the unpadded image."
         )

@@ -13,6 +13,13 @@ checkpoint's preprocessing record all come from the same entry, so they cannot d
   on whole feature cells), with a ``pixel_mask`` (B, H, W) 1 on the image and 0 on padding.
   A batch holds one bucket only, as the server's batcher never mixes shapes.
 * ``padded``: the same, padded to ``MAX_SIZE`` x ``MAX_SIZE`` with the mask (one shape for all).
+* ``resized-bucket``: each canvas first resized, up or down, so that its longer side is
+  ``MAX_SIZE`` (the server's ``shortest_edge`` policy with ``shortest_edge = longest_edge =
+  MAX_SIZE``: the Hugging Face ``DetrImageProcessor`` arithmetic, :func:`enlarge`), then padded to
+  its bucket with the mask as ``bucket``. At their own size, 64-128 px canvases give the
+  stride-16 backbone 4x4 to 8x8 feature maps; resized, one side always has 8 cells, as the
+  letterboxed model's 128x128 input does (docs/detr-recipe.md: ``baseline`` lost AP75 to
+  letterboxing).
 
 With a mask, target boxes are normalised (cx, cy, w, h) to the *unpadded* image. That is
 DETR's own convention (facebookresearch/detr normalises targets before the collate pads, and
@@ -92,6 +99,25 @@ def fit(pixels: np.ndarray, max_size: int = MAX_SIZE) -> tuple[np.ndarray, float
     return np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.BILINEAR)), scale
 
 
+def enlarge(pixels: np.ndarray, longest: int = MAX_SIZE) -> np.ndarray:
+    """uint8 (H, W) pixels resized (bilinear, up or down) so that the longer side is ``longest``.
+
+    Exactly what the server computes for the ``shortest_edge`` policy with ``shortest_edge =
+    longest_edge = longest`` (:func:`service.imaging.resize.keep_aspect_size`, then Pillow's
+    bilinear resize, as :class:`service.imaging.preprocess.Preprocessor` does), so training and
+    serving see the same pixels. The longer side may come out one pixel short (the Hugging Face
+    arithmetic truncates it).
+    """
+    from service.imaging.resize import keep_aspect_size
+
+    height, width = pixels.shape
+    new_h, new_w = keep_aspect_size(height, width, longest, longest)
+    size = (max(1, new_w), max(1, new_h))
+    if size == (width, height):
+        return pixels
+    return np.asarray(Image.fromarray(pixels).resize(size, Image.Resampling.BILINEAR))
+
+
 def pixel_mask(sizes: torch.Tensor, height: int, width: int) -> torch.Tensor:
     """int64 (B, height, width): 1 inside each image's (h, w) = ``sizes[b]`` at the top-left, 0 on padding."""
     rows = torch.arange(height)[None, :, None] < sizes[:, 0, None, None]
@@ -105,11 +131,16 @@ class InputFormat:
     Args:
         name: the key in ``INPUT_FORMATS``.
         pad_to: "bucket" (each image's own bucket) or "max" (``MAX_SIZE`` square); ignored by letterbox.
+        resize: "fit" (only an image over ``MAX_SIZE`` shrinks: :func:`fit`) or "longest" (every
+            image's longer side becomes ``MAX_SIZE``: :func:`enlarge`); ignored by letterbox.
     """
 
-    def __init__(self, name: str, pad_to: str = "bucket") -> None:
+    def __init__(self, name: str, pad_to: str = "bucket", resize: str = "fit") -> None:
+        if resize not in ("fit", "longest"):
+            raise ValueError(f"resize must be 'fit' or 'longest', not {resize!r}")
         self.name = name
         self.pad_to = pad_to
+        self.resize = resize
 
     @property
     def mask(self) -> bool:
@@ -121,9 +152,13 @@ class InputFormat:
         if not self.mask:
             return dict(PREPROCESSING)
         spec = {k: v for k, v in PREPROCESSING.items() if k not in ("resize", "size")}
+        if self.resize == "longest":  # the server's shortest_edge policy, as enlarge() computes it
+            resize: dict[str, Any] = {"resize": "shortest_edge", "shortest_edge": MAX_SIZE}
+        else:
+            resize = {"resize": "pad"}  # no resize below MAX_SIZE; pad bottom and right, with a pixel mask
         return {
             **spec,
-            "resize": "pad",  # no resize below MAX_SIZE; pad bottom and right, with a pixel mask
+            **resize,
             "longest_edge": MAX_SIZE,
             "pad_to": self.pad_to,
             "bucket_step": BUCKET_STEP if self.pad_to == "bucket" else None,
@@ -138,11 +173,17 @@ class InputFormat:
         images = torch.zeros(len(canvases), MAX_SIZE, MAX_SIZE, dtype=torch.uint8)
         sizes, targets = [], []
         for i, canvas in enumerate(canvases):
-            pixels, scale = fit(canvas.image)
+            if self.resize == "longest":
+                pixels = enlarge(canvas.image)
+                full_h, full_w = canvas.image.shape  # the whole canvas fills the resized image
+                boxes = torch.from_numpy(canvas.boxes) / torch.tensor([full_w, full_h] * 2, dtype=torch.float32)
+            else:
+                pixels, scale = fit(canvas.image)
+                fit_h, fit_w = pixels.shape
+                boxes = torch.from_numpy(canvas.boxes) * scale / torch.tensor([fit_w, fit_h] * 2, dtype=torch.float32)
             h, w = pixels.shape
             images[i, :h, :w] = torch.from_numpy(np.array(pixels))  # a writable copy
             sizes.append((h, w))
-            boxes = torch.from_numpy(canvas.boxes) * scale / torch.tensor([w, h, w, h], dtype=torch.float32)
             targets.append({"labels": torch.from_numpy(canvas.labels), "boxes": box_xyxy_to_cxcywh(boxes)})
         sizes_t = torch.tensor(sizes, dtype=torch.int64).reshape(-1, 2)
         return Prepared(images, sizes_t, self._bucket_ids(sizes_t), targets)
@@ -252,6 +293,7 @@ INPUT_FORMATS: dict[str, InputFormat] = {
     "letterbox": InputFormat("letterbox"),
     "bucket": InputFormat("bucket", pad_to="bucket"),
     "padded": InputFormat("padded", pad_to="max"),
+    "resized-bucket": InputFormat("resized-bucket", pad_to="bucket", resize="longest"),
 }
 
 

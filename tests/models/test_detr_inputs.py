@@ -120,3 +120,33 @@ def test_masked_detections_are_scaled_by_the_image_not_the_bucket() -> None:
         height, width = canvas.image.shape
         assert [d["class_id"] for d in dets] == [4]
         assert dets[0]["box"] == {"xmin": 0.0, "ymin": 0.0, "xmax": float(width), "ymax": float(height)}
+
+
+def test_resized_buckets_feed_exactly_the_pixels_the_server_computes() -> None:
+    """resized-bucket: the longer side becomes 128 (up or down), as the manifest's shortest_edge policy serves it."""
+    from PIL import Image
+
+    from export.detr import served_preprocessing
+    from service.imaging.preprocess import Preprocessor
+
+    wide = Canvas(np.full((150, 300), 9, np.uint8), np.zeros((0, 4), np.float32), np.zeros(0, np.int64))  # shrinks
+    canvases = [*make_split("val", 12), wide]
+    form = INPUT_FORMATS["resized-bucket"]
+    record = form.preprocessing()
+    served = served_preprocessing({"pixel_mask": True, "preprocessing": record})
+    assert (served.resize, served.shortest_edge, served.longest_edge) == ("shortest_edge", 128, 128)
+    assert [(b.height, b.width) for b in served.buckets] == [(96, 128), (128, 96), (128, 128)]
+    preprocess = Preprocessor(served)
+    prepared = form.prepare(canvases)
+    for canvas, image, size, target in zip(canvases, prepared.images, prepared.sizes, prepared.targets, strict=True):
+        expected = preprocess(Image.fromarray(canvas.image))  # float32 (1, h, w), unpadded
+        h, w = expected.shape[1:]
+        assert size.tolist() == [h, w] and max(h, w) in (127, 128)  # HF's arithmetic may truncate one pixel
+        assert served.bucket_for(h, w) is not None
+        np.testing.assert_array_equal(image[:h, :w].numpy(), np.rint(expected[0] * 255).astype(np.uint8))
+        assert not image[h:].any() and not image[:, w:].any()
+        canvas_h, canvas_w = canvas.image.shape
+        cx, cy, bw, bh = target["boxes"].T.numpy()  # normalised to the canvas, which the resized image shows whole
+        np.testing.assert_allclose((cx - bw / 2) * canvas_w, canvas.boxes[:, 0], atol=1e-4)
+        np.testing.assert_allclose((cy + bh / 2) * canvas_h, canvas.boxes[:, 3], atol=1e-4)
+    assert len(prepared.buckets.unique()) > 1  # landscape and portrait canvases: several buckets
