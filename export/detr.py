@@ -86,24 +86,26 @@ def serving_buckets(longest_edge: int, pad_to: str, *, every_longest: bool = Fal
 def served_preprocessing(checkpoint: dict[str, Any]) -> Preprocessing:
     """The manifest's preprocessing for a checkpoint: its own (letterbox), or with buckets (masked).
 
-    A masked checkpoint's resize is ``fit`` (trained as ``models.detr_inputs``'s ``fit``: only a
-    larger image shrinks), or ``shortest_edge`` with ``shortest_edge = longest_edge`` (trained as its
-    ``enlarge``: every image's longer side becomes that edge).
+    A masked checkpoint records the server's resize policy that computes its training resize
+    (``models.detr_inputs.InputFormat.preprocessing``): ``fit`` (only a larger image shrinks;
+    recorded as ``"pad"`` before the ``resized-bucket`` format came) or ``shortest_edge`` with
+    ``shortest_edge = longest_edge`` (every image's longer side becomes that edge).
     """
     spec = dict(checkpoint["preprocessing"])
     if not checkpoint.get("pixel_mask"):
         return Preprocessing.model_validate(spec)
-    kept = ("color_mode", "interpolation", "scale", "mean", "std", "background")
-    every_longest = spec.get("resize") == "shortest_edge"
-    resize: dict[str, Any] = {"resize": "fit"}
-    if every_longest:
-        resize = {"resize": "shortest_edge", "shortest_edge": spec["shortest_edge"]}
+    kept = ("color_mode", "interpolation", "scale", "mean", "std", "background", "resize", "shortest_edge")
+    served = {k: spec[k] for k in kept if k in spec}
+    if served.get("resize") == "pad":
+        served["resize"] = "fit"  # the record's old name for it
+    longest = spec["longest_edge"]
     return Preprocessing.model_validate(
         {
-            **{k: spec[k] for k in kept if k in spec},
-            **resize,
-            "longest_edge": spec["longest_edge"],
-            "buckets": serving_buckets(spec["longest_edge"], spec.get("pad_to", "bucket"), every_longest=every_longest),
+            **served,
+            "longest_edge": longest,
+            "buckets": serving_buckets(
+                longest, spec.get("pad_to", "bucket"), every_longest=spec.get("shortest_edge") == longest
+            ),
         }
     )
 
@@ -164,11 +166,8 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
     if postprocess == "sigmoid":
         task_options = {"scores": SigmoidTopK.name, "top_k": SIGMOID_TOP_K, "box_format": "cxcywh"}
     if masked:
-        resize = (
-            f"shortest_edge {preprocessing.shortest_edge} with longest_edge {preprocessing.longest_edge} "
-            "(the longer side resized, up or down, to that edge)"
-            if preprocessing.resize == "shortest_edge"
-            else f"fit (shrink to a longest side of {preprocessing.longest_edge} px, never enlarge)"
+        resize = f"{preprocessing.resize} (longest_edge {preprocessing.longest_edge}" + (
+            f", shortest_edge {preprocessing.shortest_edge})" if preprocessing.shortest_edge else ", never enlarged)"
         )
         frame = (
             f"Resize policy: {resize}, then "

@@ -152,10 +152,12 @@ class InputFormat:
         if not self.mask:
             return dict(PREPROCESSING)
         spec = {k: v for k, v in PREPROCESSING.items() if k not in ("resize", "size")}
-        if self.resize == "longest":  # the server's shortest_edge policy, as enlarge() computes it
+        # The server's resize policy that computes this format's resize: shortest_edge as enlarge()
+        # does, or fit (only a larger image shrinks); then padding bottom and right, with a pixel mask.
+        if self.resize == "longest":
             resize: dict[str, Any] = {"resize": "shortest_edge", "shortest_edge": MAX_SIZE}
         else:
-            resize = {"resize": "pad"}  # no resize below MAX_SIZE; pad bottom and right, with a pixel mask
+            resize = {"resize": "fit"}
         return {
             **spec,
             **resize,

@@ -150,3 +150,12 @@ def test_resized_buckets_feed_exactly_the_pixels_the_server_computes() -> None:
         np.testing.assert_allclose((cx - bw / 2) * canvas_w, canvas.boxes[:, 0], atol=1e-4)
         np.testing.assert_allclose((cy + bh / 2) * canvas_h, canvas.boxes[:, 3], atol=1e-4)
     assert len(prepared.buckets.unique()) > 1  # landscape and portrait canvases: several buckets
+
+
+def test_a_checkpoint_recorded_before_resized_buckets_is_still_served_by_fit() -> None:
+    from export.detr import served_preprocessing
+
+    record = {**INPUT_FORMATS["bucket"].preprocessing(), "resize": "pad"}  # the record's name until 2026-12-03
+    served = served_preprocessing({"pixel_mask": True, "preprocessing": record})
+    assert served.resize == "fit" and served.longest_edge == 128 and served.shortest_edge is None
+    assert [(b.height, b.width) for b in served.buckets] == [(96, 96), (96, 128), (128, 96), (128, 128)]

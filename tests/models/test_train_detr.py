@@ -132,7 +132,7 @@ def test_each_recipe_lever_trains_and_writes_what_export_needs(tmp_path, options
     assert config["num_decoder_layers"] == options.get("overrides", {}).get("num_decoder_layers", 3)
     masked = options.get("inputs") == "bucket"
     assert checkpoint["pixel_mask"] is masked and metrics["inputs"] == options.get("inputs", "letterbox")
-    assert checkpoint["preprocessing"]["resize"] == ("pad" if masked else "letterbox")
+    assert checkpoint["preprocessing"]["resize"] == ("fit" if masked else "letterbox")
 
 
 @pytest.mark.slow
