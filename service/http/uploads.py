@@ -5,7 +5,7 @@ Three request forms carry images (DESIGN.md, "Receive"):
 * ``multipart/form-data`` with one or more parts named ``image`` (``curl -F image=@a.jpg``),
   parsed as it streams in: parts with other names are counted and dropped, never kept;
 * a raw body with an ``image/*`` or ``application/octet-stream`` content type;
-* ``application/json``: ``{"images": ["<base64>", ...]}`` (a ``data:`` URL prefix is allowed;
+* ``application/json``: ``{"images": ["<base64>", ...]}`` (padding optional; a ``data:`` URL prefix is allowed;
   a URL is not fetched).
 
 A ``Content-Length`` over the cap is refused before a byte is read; a chunked body is counted
@@ -223,8 +223,9 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
             raise BadRequest(f"images[{i}] is a URL; this server fetches nothing: send the file's bytes in base64")
         if text.startswith("data:"):
             text = text.partition(",")[2]
-        try:
-            images.append(base64.b64decode(text, validate=True))
+        text = text.rstrip("=")
+        try:  # padding is optional (RFC 4648, Sec. 3.2: many encoders, e.g. base64url ones, leave it out)
+            images.append(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))
         except (binascii.Error, ValueError):
             raise BadRequest(f"images[{i}] is not valid base64") from None
     return images

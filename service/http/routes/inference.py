@@ -115,6 +115,10 @@ async def serve(
             max_images=settings.max_images_per_request,
             max_parts=settings.max_multipart_parts,
         )
+        # after the body: a client that writes all of it before reading gets this answer, not a reset
+        if task.picture_help is None and request.query_params.get("render", "json") != "json":
+            drawn = ", ".join(t.verb for t in tasks.all_tasks() if t.picture_help is not None)
+            raise BadRequest(f"{task.verb} draws no picture (render=png is for {drawn}); leave render out for JSON")
         if model.batcher.clock.now() >= deadline:  # a slow upload used it all: say so, not "while decoding"
             raise DeadlineExceeded(
                 "the request's deadline passed while its body was still arriving; send it faster, or give it a "

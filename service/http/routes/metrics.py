@@ -9,7 +9,7 @@ from service.core.metrics import exposition
 router = APIRouter(tags=["metrics"])
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.api_route("/metrics", methods=["GET", "HEAD"], summary="Prometheus metrics", response_class=Response)
 async def metrics() -> Response:
     body, content_type = exposition()
     return Response(body, media_type=content_type)

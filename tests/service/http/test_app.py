@@ -182,6 +182,8 @@ async def test_probes_answer_head_and_paths_are_exact() -> None:
     async with running_app() as client:
         assert (await client.head("/healthz")).status_code == 200
         assert (await client.head("/readyz")).status_code == 200
+        metrics = await client.head("/metrics")  # found by a fresh user: it was a 405
+        assert metrics.status_code == 200 and metrics.headers["content-type"].startswith("text/plain")
         head = await client.head("/")  # the playground page, as GET / serves it
         assert head.status_code == 200 and head.headers["content-type"].startswith("text/html")
         assert_problem(await client.post(CLASSIFY + "/", files={"image": DIGIT_7}), 404)

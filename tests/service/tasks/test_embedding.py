@@ -108,3 +108,13 @@ async def test_embed_is_refused_by_a_model_without_an_embedding_output() -> None
     assert response.status_code == 400 and "no embedding output" in response.json()["detail"]
     assert "POST to /v1/models/detr-digits/detect" in response.json()["detail"]
     assert cifar.status_code == 400 and "POST to /v1/models/vit-cifar10/classify" in cifar.json()["detail"]
+
+
+async def test_render_png_on_embed_is_a_400_not_ignored() -> None:
+    # Found by a fresh user: ?render=png on embed answered JSON without a word.
+    async with running_app() as client:
+        png = await client.post(EMBED, params={"render": "png"}, files={"image": DIGIT_7})
+        as_json = await client.post(EMBED, params={"render": "json"}, files={"image": DIGIT_7})
+    assert png.status_code == 400 and png.headers["content-type"] == "application/problem+json"
+    assert "embed draws no picture (render=png is for classify, detect)" in png.json()["detail"]
+    assert as_json.status_code == 200 and len(as_json.json()["embedding"]) == 32
