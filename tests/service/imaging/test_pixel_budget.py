@@ -13,6 +13,7 @@ from service.core.errors import DeadlineExceeded, PayloadTooLarge
 from service.imaging.pixel_budget import PixelBudget
 from service.pipeline import decoding, inference
 from tests.conftest import running_app
+from tests.service.batching.fakes import ManualClock
 
 pytestmark = pytest.mark.anyio
 CLASSIFY = "/v1/models/vit-digits/classify"
@@ -138,7 +139,14 @@ async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(mo
     monkeypatch.setattr(decoding, "_decode_and_preprocess", stuck)
     async with running_app() as client:
         budget = client.app.state.server.pixel_budget
+        # The batcher's clock stands still, so the request's deadline can only pass in the decode's
+        # wait (0.2 s of real time), never while its body is read on a busy machine.
+        monkeypatch.setattr(client.app.state.server.repository.get("vit-digits").batcher, "clock", ManualClock())
         response = await client.post(CLASSIFY, files={"image": png(64, 64)}, params={"timeout": 0.2})
+        for _ in range(6000):  # the decode thread may start after the 504: a bound on waiting for it
+            if started.is_set():
+                break
+            await asyncio.sleep(0.01)
         held_while_running = budget.held
         release.set()
         for _ in range(6000):  # a bound on waiting for the thread, never a measured figure
