@@ -341,14 +341,16 @@ async def test_a_huge_version_is_a_503_when_admission_refuses_it() -> None:
     from tests.service.helpers import HeldRequest, until
 
     huge = "1" * 5000
-    async with running_app(max_in_flight=1, body_timeout=5.0) as client:
+    # The slot is held until the test releases it (no race with a body timeout on a busy machine).
+    async with running_app(max_in_flight=1, body_timeout=60.0) as client:
         held = HeldRequest(client.app, INFER)
         await until(lambda: held.body_reads >= 1)
         v1 = await client.post("/v1/models/vit-digits/classify", params={"version": huge}, files={"image": DIGIT_7})
         v2 = await client.post(f"/v2/models/vit-digits/versions/{huge}/infer", json={})
+        still_held = not held.task.done()
         held.release()
         await asyncio.wait_for(held.task, 10)
-    assert v1.status_code == 503 and v1.headers["content-type"] == "application/problem+json"
+    assert still_held and v1.status_code == 503 and v1.headers["content-type"] == "application/problem+json"
     assert_error(v2, 503, "PATCHSERVE_MAX_IN_FLIGHT")  # the protocol's error, which tritonclient reads
 
 
