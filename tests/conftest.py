@@ -64,7 +64,7 @@ async def running_app(settings=None, **overrides: object) -> AsyncIterator[httpx
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            for _ in range(500):
+            for _ in range(6000):  # a bound on waiting for the models to load, never a measured figure
                 if (await client.get("/readyz")).status_code == 200:
                     break
                 await asyncio.sleep(0.01)

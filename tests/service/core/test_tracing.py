@@ -223,7 +223,7 @@ async def _traced_app(tracer, **overrides) -> AsyncIterator[httpx.AsyncClient]:
     app = create_app(make_settings(**overrides), tracer=tracer)
     transport = httpx.ASGITransport(app=app)
     async with app.router.lifespan_context(app), httpx.AsyncClient(transport=transport, base_url="http://t") as client:
-        for _ in range(500):
+        for _ in range(6000):  # a bound on waiting for the models to load, never a measured figure
             if (await client.get("/readyz")).status_code == 200:
                 break
             await asyncio.sleep(0.01)

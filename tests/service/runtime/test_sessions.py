@@ -172,7 +172,7 @@ async def test_device_cuda_keeps_readyz_at_503_saying_why_when_only_the_cpu_prov
     async with app.router.lifespan_context(app):
         transport = httpx.ASGITransport(app=app)
         async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
-            for _ in range(500):  # until the models are loaded (not ready either way)
+            for _ in range(6000):  # until the models are loaded (not ready either way); a bound, never a figure
                 if getattr(app.state.server, "repository", None) is not None:
                     break
                 await asyncio.sleep(0.01)
