@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -54,15 +55,18 @@ def test_dead_workers_lose_their_live_gauges_but_keep_their_counts(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"counter_{dead.pid}.db", f"gauge_livesum_{alive}.db"])
 
 
-def test_first_sigterm_drains_repeats_are_ignored_and_the_delay_ends_it() -> None:
+def test_first_sigterm_drains_repeats_are_ignored_and_the_delay_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    now = [1000.0]  # the drain's clock, moved by the test: a busy machine cannot end the delay early
+    monkeypatch.setattr(serve, "time", SimpleNamespace(monotonic=lambda: now[0]))
     server = serve.DrainingServer(serve.uvicorn_config(make_settings(drain_delay=0.2)))
     try:
         server.handle_exit(signal.SIGTERM, None)
         assert lifecycle.shutdown_requested() and not server.should_exit  # 503 on /readyz, still accepting
         server.handle_exit(signal.SIGTERM, None)  # from systemd, timeout(1) or the supervisor: no change
         assert not server.should_exit
+        now[0] += 0.1  # half the delay
         assert asyncio.run(server.on_tick(1)) is False
-        asyncio.run(asyncio.sleep(0.25))
+        now[0] += 0.15  # past its end
         assert asyncio.run(server.on_tick(2)) is True and server.should_exit  # stop accepting now
         assert server._captured_signals == []  # nothing re-raised after shutdown: exit status 0
     finally:
