@@ -4,6 +4,9 @@ A request counts as accepted when its headers reached the app: the server logs `
 received`` (debug level) for it, with its ``X-Request-ID``. Every such request must come back
 to the client with a 200; requests the server never received may fail to connect, which is what
 a load balancer that has seen the 503 avoids.
+
+The checks are on the order of events (answers before and after the first 503, the port found
+closed), not on how long they took: a busy machine may delay any of them.
 """
 
 from __future__ import annotations
@@ -22,8 +25,9 @@ from tests.conftest import ROOT, server_process
 pytestmark = pytest.mark.slow
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
 CLASSIFY = "/v1/models/vit-digits/classify"
-DRAIN_DELAY = 2.5
+DRAIN_DELAY = 5.0  # the default: room for requests after the first 503 even if the machine stalls a while
 CLIENTS = 8
+ANSWERED_BEFORE_SIGTERM = 50
 
 
 @dataclass
@@ -57,7 +61,7 @@ def probe_readiness(url: str, until: float) -> list[tuple[float, int | str]]:
     seen: list[tuple[float, int | str]] = []
     while time.monotonic() < until:
         try:
-            status = httpx.get(url + "/readyz", timeout=5).status_code
+            status = httpx.get(url + "/readyz", timeout=30).status_code
             seen.append((time.monotonic(), status))  # when the answer came
         except httpx.TransportError as exc:  # refused, or reset while the last listener closed
             seen.append((time.monotonic(), type(exc).__name__))
@@ -88,7 +92,10 @@ def test_sigterm_during_load_loses_no_accepted_request(workers: int) -> None:
         clients = [threading.Thread(target=load, args=(url, i, stop, sent)) for i in range(CLIENTS)]
         for thread in clients:
             thread.start()
-        time.sleep(1.0)
+        give_up = time.monotonic() + 60  # a bound on waiting for the load, never a measured figure
+        while sum(s.result == 200 for s in list(sent)) < ANSWERED_BEFORE_SIGTERM:
+            assert time.monotonic() < give_up, f"the load got {len(sent)} answers: {sent[:3]}"
+            time.sleep(0.05)
         signalled = time.monotonic()
         process.send_signal(signal.SIGTERM)
         readiness = probe_readiness(url, until=signalled + DRAIN_DELAY + 25)
@@ -111,20 +118,21 @@ def test_sigterm_during_load_loses_no_accepted_request(workers: int) -> None:
     assert failures <= {"ConnectError", "RemoteProtocolError", "ReadError"}  # only requests never received
     assert not accepted & {s.rid for s in sent if isinstance(s.result, str)}
 
-    # readiness: 503 at once (the time includes answering a probe on a loaded 2-core machine)
+    # readiness: 503 once the signal is handled, and never 200 again
     after = [(t - signalled, status) for t, status in readiness]
     first_503 = next(t for t, status in after if status == 503)
-    assert first_503 < 1.0, after
     assert all(status == 503 or isinstance(status, str) for t, status in after if t >= first_503), after
-    # then the port closes (a connection racing the close may be dropped unread instead of refused)
+    # then the port closes (a connection racing the close may be dropped unread instead of refused),
+    # never before the drain delay: the server's own timer, which a busy machine can only make later
+    closed = after[-1][0]
     assert after[-1][1] in ("ConnectError", "RemoteProtocolError", "ReadError"), after
-    assert DRAIN_DELAY <= after[-1][0] < DRAIN_DELAY + 5, after
-    # still accepting and serving during the drain delay, after readiness turned 503
-    served_while_draining = [s for s in sent if s.result == 200 and first_503 < s.at - signalled < DRAIN_DELAY - 0.2]
+    assert closed >= DRAIN_DELAY, after
+    # still accepting and serving after readiness turned 503, until the port closed
+    served_while_draining = [s for s in sent if s.result == 200 and first_503 < s.at - signalled < closed]
     assert len(served_while_draining) >= 5
-    assert len(accepted) >= 50
+    assert len(accepted) >= ANSWERED_BEFORE_SIGTERM
     print(
         f"workers={workers}: {len(accepted)} accepted, all answered 200; {len(served_while_draining)} served "
-        f"after /readyz turned 503 ({first_503 * 1e3:.0f} ms after SIGTERM); port closed {after[-1][0]:.2f} s after "
+        f"after /readyz turned 503 ({first_503 * 1e3:.0f} ms after SIGTERM); port closed {closed:.2f} s after "
         f"SIGTERM; {len(sent) - len(accepted)} attempts never received ({sorted(failures)}); exit {exit_status}"
     )
