@@ -80,17 +80,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@contextmanager
-def server_process(
-    python: Path = SERVE_PYTHON, env: dict[str, str] | None = None, ready_timeout: float = 60.0
-) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A real server (``python -m service``) on a free loopback port; yields (base URL, process).
+PORT_TAKEN = "address already in use"  # uvicorn's log line when its bind fails (errno 98)
 
-    The server's output goes to a file, ``process.log_path`` (a pipe nobody reads would fill and
-    block the server); the drain delay is 0 and the auto-tuner off unless ``env`` says otherwise.
-    """
-    if not python.exists():
-        pytest.fail(f"{python} missing: `make test` builds the serving environment first")
+
+def _launch(python: Path, env: dict[str, str] | None) -> subprocess.Popen:
+    """``python -m service`` on a port that was free a moment ago; its output in ``log_path``, its URL in ``url``."""
     port = free_port()
     full_env = {
         **os.environ,
@@ -113,30 +107,71 @@ def server_process(
             text=True,
         )
     process.log_path = Path(log_name)  # type: ignore[attr-defined]
-    url = f"http://127.0.0.1:{port}"
+    process.url = f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    return process
+
+
+def _ready(process: subprocess.Popen, ready_timeout: float) -> bool:
+    """Wait until ``process`` answers /readyz with 200 (True); False if another process had taken its port.
+
+    Raises:
+        RuntimeError: it exited for another reason, or was not ready within ``ready_timeout`` s.
+    """
+    deadline = time.monotonic() + ready_timeout
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            log = process.log_path.read_text()  # type: ignore[attr-defined]
+            if PORT_TAKEN in log:
+                return False
+            raise RuntimeError(f"server exited with {process.returncode}: {log}")
+        try:
+            if httpx.get(process.url + "/readyz", timeout=1).status_code == 200:  # type: ignore[attr-defined]
+                return True
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError("server not ready in time")
+
+
+def _stop(process: subprocess.Popen) -> None:
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    process.log_path.unlink(missing_ok=True)  # type: ignore[attr-defined]
+
+
+@contextmanager
+def server_process(
+    python: Path = SERVE_PYTHON, env: dict[str, str] | None = None, ready_timeout: float = 60.0
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A real server (``python -m service``) on a free loopback port; yields (base URL, process).
+
+    The server's output goes to a file, ``process.log_path`` (a pipe nobody reads would fill and
+    block the server); the drain delay is 0 and the auto-tuner off unless ``env`` says otherwise.
+    The port is free when chosen, not necessarily when the server binds it, seconds later: if
+    another process took it meanwhile, the server is started again on another one.
+    """
+    if not python.exists():
+        pytest.fail(f"{python} missing: `make test` builds the serving environment first")
+    for _ in range(3):
+        process = _launch(python, env)
+        try:
+            if _ready(process, ready_timeout):
+                break
+        except BaseException:
+            _stop(process)
+            raise
+        _stop(process)
+    else:
+        raise RuntimeError(f"three servers in a row found their port taken ({PORT_TAKEN})")
     try:
-        deadline = time.monotonic() + ready_timeout
-        while time.monotonic() < deadline:
-            if process.poll() is not None:
-                raise RuntimeError(f"server exited with {process.returncode}: {process.log_path.read_text()}")
-            try:
-                if httpx.get(url + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            time.sleep(0.1)
-        else:
-            raise RuntimeError("server not ready in time")
-        yield url, process
+        yield process.url, process  # type: ignore[attr-defined]
     finally:
-        if process.poll() is None:
-            process.terminate()
-            try:
-                process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        Path(log_name).unlink(missing_ok=True)
+        _stop(process)
 
 
 def require_tool(name: str, how: str) -> str:
