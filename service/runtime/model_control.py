@@ -201,6 +201,7 @@ class ModelControl:
             loadable, kept = self._candidates(name, found, routed, states, settled=settled, force=force)
         available = set(loadable) | kept
         wanted = policy.select(available) if policy is not None else set()
+        failed = False
         for version in sorted(wanted, reverse=True):  # the highest first: it takes the requests without a version
             if version not in loadable:
                 continue  # serving already, kept as it is
@@ -208,7 +209,13 @@ class ModelControl:
                 continue  # serving already, with these files
             if not await self._load(name, version, loadable[version]) and version not in routed:
                 available.discard(version)
+                failed = True
         wanted = policy.select(available) if policy is not None else set()  # failures never displace what serves
+        if failed and routed and not wanted:
+            # A policy that now selects only versions that failed (e.g. "specific: [2]" with a broken
+            # version 2) would otherwise retire what serves and leave nothing: keep it (as Triton does).
+            log.error("model %s: no version its policy selects could be loaded; what serves is unchanged", name)
+            wanted = set(routed)
         for version in sorted(set(self.repository.models.get(name, {})) - wanted):
             self._retire(self.repository.remove(name, version), "unloaded" if name in self.unloaded else "")
         if not states:
@@ -317,6 +324,7 @@ class ModelControl:
         """
         if not NAME_PATTERN.match(name) or not (self.root / name).is_dir():
             raise BadRequest(f"no model folder {name!r} in the model repository")
+        self._refuse_an_empty_selection(name, policy)
         if signal and self.signal is not None:
             self.signal.publish(name, "load", policy)
         self.unloaded.discard(name)
@@ -333,6 +341,23 @@ class ModelControl:
             raise BadRequest(f"failed to load {name!r}: {reasons}")
         if name not in self.repository.models:
             raise BadRequest(f"failed to load {name!r}: no complete version folder its version policy selects")
+
+    def _refuse_an_empty_selection(self, name: str, policy: VersionPolicy | None) -> None:
+        """Raise BadRequest, changing nothing, when ``policy`` (else the config's) selects no complete version folder.
+
+        A load refused must leave serving as it was (Triton: a failed load keeps what is loaded).
+        """
+        try:
+            versions = self.scan({name}).get(name, {})
+            chosen = policy or read_config(self.root / name).version_policy
+        except (OSError, ConfigError):
+            return  # the load itself reports these, and they change nothing either
+        complete = sorted(v for v, entry in versions.items() if entry.fingerprint is not None)
+        if not chosen.select(complete):
+            raise BadRequest(
+                f"failed to load {name!r}: its version policy {chosen.describe()} selects none of its complete "
+                f"version folders {complete}; what serves is unchanged"
+            )
 
     async def unload(self, name: str, *, signal: bool = True) -> None:
         """Stop serving model ``name`` (every version) until it is loaded again: Triton's unload.

@@ -8,6 +8,7 @@ slept on; a version's requests are held in flight by a session whose ``run`` wai
 from __future__ import annotations
 
 import asyncio
+import json
 import shutil
 import threading
 from pathlib import Path
@@ -158,6 +159,27 @@ async def test_a_corrupt_version_is_refused_and_the_serving_one_keeps_serving(re
         after = (await client.get("/metrics")).text
         assert loads(after, "3", "failure") - loads(before, "3", "failure") == 2
         assert loads(after, "1", "success") == loads(before, "1", "success")  # version 1 was never loaded again
+
+
+async def test_a_refused_load_with_a_version_policy_leaves_serving_as_it_was(repository: Path) -> None:
+    # Found by a fresh user: "specific: [2]" without a version 2 answered 400 and retired version 1.
+    def specific(*versions: int) -> dict:
+        policy = {"version_policy": {"specific": {"versions": list(versions)}}}
+        return {"parameters": {"config": json.dumps(policy)}}
+
+    async with running_app(make_settings(model_repository=repository)) as client:
+        for body in (specific(2), specific(999999999)):
+            refused = await client.post(LOAD, json=body)
+            assert refused.status_code == 400 and "selects none of its complete version folders [1]" in refused.text
+            assert refused.json()["error"].endswith("what serves is unchanged")
+            assert (await classify(client)).json()["version"] == "1"
+        publish(repository, "vit-digits", 2, "bad-manifest")  # a version 2 that exists but fails to load
+        failed = await client.post(LOAD, json=specific(2))
+        assert failed.status_code == 400 and "not_a_field" in failed.json()["error"]
+        await control(client).until_retired()
+        assert (await classify(client)).json()["version"] == "1"
+        ready = (await client.post(INDEX, json={"ready": True})).json()
+        assert ready == [{"name": "vit-digits", "version": "1", "state": "READY", "reason": ""}]
 
 
 async def test_polling_publishes_and_removing_a_folder_retires(repository: Path) -> None:
