@@ -2,7 +2,8 @@
 
 A request may shorten the server's ``request_timeout`` (never lengthen it) with a ``timeout``
 query parameter or an ``X-Request-Timeout`` header, in seconds; when both are given the
-shorter wins. While its images are decoded, queued and run, the route watches the ASGI receive
+shorter wins. The deadline bounds the body's arrival too (:func:`body_by_deadline`: 504 once it
+passes while the body still arrives). While its images are decoded, queued and run, the route watches the ASGI receive
 channel: when the client disconnects, the work is cancelled, so queued images leave the batcher's
 queue without being computed, and the request is counted with outcome ``cancelled``.
 """
@@ -16,7 +17,7 @@ from typing import Annotated, TypeVar
 
 from fastapi import Header, Query, Request
 
-from service.core.errors import ClientDisconnected
+from service.core.errors import ClientDisconnected, DeadlineExceeded
 from service.http.problems import request_id
 
 log = logging.getLogger(__name__)
@@ -83,3 +84,31 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     await asyncio.wait({task})
     log.info("request %s: the client disconnected before its response was ready; work dropped", request_id(request))
     raise ClientDisconnected("the client disconnected before the response was ready")
+
+
+async def body_by_deadline(read: Awaitable[T], seconds_left: float) -> T:
+    """Await ``read`` (the reading of a request's body) for at most ``seconds_left`` seconds.
+
+    Raises:
+        DeadlineExceeded: the request's deadline passed while its body was still arriving (504,
+            ``Connection: close``: the rest of the body is never read).
+    """
+    async with asyncio.timeout(max(seconds_left, 0.0)) as limit:
+        try:
+            return await read
+        except asyncio.CancelledError:
+            if not limit.expired():
+                raise
+    raise DeadlineExceeded(  # reached only when the timeout cancelled the read
+        "the request's deadline passed while its body was still arriving; send it faster, or give it a "
+        "longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)",
+        headers={"Connection": "close"},
+    )
+
+
+def deadline_passed_after_the_body() -> DeadlineExceeded:
+    """The 504 of a request whose deadline passed once its body was in, before its work began."""
+    return DeadlineExceeded(
+        "the request's deadline passed before its work could begin; give it a longer timeout "
+        "(?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)"
+    )

@@ -14,10 +14,15 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from service import tasks
-from service.core.errors import BadRequest, DeadlineExceeded
+from service.core.errors import BadRequest
 from service.http.accounting import accounted
 from service.http.deps import Repository, State
-from service.http.lifetime import requested_timeout, unless_disconnected
+from service.http.lifetime import (
+    body_by_deadline,
+    deadline_passed_after_the_body,
+    requested_timeout,
+    unless_disconnected,
+)
 from service.http.openapi import PNG_CONTENT, image_responses
 from service.http.problems import request_id
 from service.http.responses import JSON, server_timing, timings
@@ -109,21 +114,21 @@ async def serve(
         require_task(model, task)
         settings = state.settings
         picture = task.picture_help is not None and _wants_png(request, getattr(params, "render", None))
-        payloads = await read_images(
-            request,
-            max_body_bytes=settings.max_body_bytes,
-            max_images=settings.max_images_per_request,
-            max_parts=settings.max_multipart_parts,
+        payloads = await body_by_deadline(
+            read_images(
+                request,
+                max_body_bytes=settings.max_body_bytes,
+                max_images=settings.max_images_per_request,
+                max_parts=settings.max_multipart_parts,
+            ),
+            deadline - model.batcher.clock.now(),
         )
         # after the body: a client that writes all of it before reading gets this answer, not a reset
         if task.picture_help is None and request.query_params.get("render", "json") != "json":
             drawn = ", ".join(t.verb for t in tasks.all_tasks() if t.picture_help is not None)
             raise BadRequest(f"{task.verb} draws no picture (render=png is for {drawn}); leave render out for JSON")
-        if model.batcher.clock.now() >= deadline:  # a slow upload used it all: say so, not "while decoding"
-            raise DeadlineExceeded(
-                "the request's deadline passed while its body was still arriving; send it faster, or give it a "
-                "longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)"
-            )
+        if model.batcher.clock.now() >= deadline:  # say so, not "while this image was being decoded"
+            raise deadline_passed_after_the_body()
         outcomes = await unless_disconnected(
             request,
             infer_images(

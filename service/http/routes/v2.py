@@ -24,7 +24,7 @@ from starlette.routing import Match
 from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, get_repository
-from service.http.lifetime import requested_timeout, unless_disconnected
+from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
 from service.http.problems import protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.uploads import read_body
@@ -244,7 +244,7 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
         arrived = model.batcher.clock.now()
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         settings = state.settings
-        body = await read_body(request, settings.max_body_bytes)
+        body = await body_by_deadline(read_body(request, settings.max_body_bytes), deadline - model.batcher.clock.now())
         body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
         parse_started = time.perf_counter()
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
