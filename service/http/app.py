@@ -110,6 +110,7 @@ def loader(settings: Settings, threads: ThreadPlan | None, tuning: Tuner | None)
         threads=threads,
         tuner=tuning,
         batch_size_fixed="max_batch_size" in settings.model_fields_set,
+        scaled_decode=settings.scaled_decode,
     )
 
 

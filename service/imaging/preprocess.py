@@ -30,8 +30,9 @@ class Preprocessor:
     a float32 array (C, H, W), ``(pixel * scale - mean[c]) / std[c]``.
     """
 
-    def __init__(self, spec: Preprocessing) -> None:
+    def __init__(self, spec: Preprocessing, *, scaled_decode: bool = True) -> None:
         self.spec = spec
+        self.scaled_decode = scaled_decode  # False: draft_size is None, every image is decoded at full size
         self.policy = resize.get(spec.resize)
         self.size = (spec.size.width, spec.size.height) if spec.size else None  # Pillow order: (W, H)
         self.resample = _RESAMPLE[spec.interpolation]
@@ -67,14 +68,15 @@ class Preprocessor:
         return (channels, height, width)
 
     @property
-    def draft_size(self) -> tuple[int, int]:
-        """(width, height) a JPEG may be draft-decoded down to without losing detail.
+    def draft_size(self) -> tuple[int, int] | None:
+        """(width, height) a JPEG or WebP may be decoded down to (a scaled decode) before the resize.
 
         For ``shortest_edge`` a square of that side: a draft no smaller in either dimension
         keeps the shorter side at least ``shortest_edge`` and the longer one at least what
-        the resize asks of it.
+        the resize asks of it. None when ``scaled_decode`` is off (the setting
+        ``PATCHSERVE_SCALED_DECODE``): the pixels are then those of a full-size decode.
         """
-        return self.policy.nominal_size(self)
+        return self.policy.nominal_size(self) if self.scaled_decode else None
 
     def content_size(self, width: int, height: int) -> tuple[int, int]:
         """(width, height) in input pixels an image of ``width`` x ``height`` pixels fills (before any crop).

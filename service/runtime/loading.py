@@ -94,7 +94,8 @@ class Loader:
     come from that plan instead of the plain values. With ``tuner`` each version's instance count and
     ``max_batch_size`` are measured (or read from the tuner's cache) first, except what is fixed:
     ``max_batch_size`` by the manifest's ``batching`` section or, with ``batch_size_fixed``, by
-    ``batching``; the instance count by the plan (a setting forced it).
+    ``batching``; the instance count by the plan (a setting forced it). ``scaled_decode``: JPEGs and WebPs
+    may be decoded at a reduced scale for the model's input (:attr:`Preprocessor.draft_size`).
     """
 
     device: Literal["auto", "cuda", "cpu"]
@@ -108,6 +109,7 @@ class Loader:
     threads: ThreadPlan | None = None
     tuner: Tuner | None = None
     batch_size_fixed: bool = False
+    scaled_decode: bool = True
 
     def load(
         self, name: str, version: int, folder: Path, *, live: bool = False, serving: ModelVersion | None = None
@@ -130,7 +132,7 @@ class Loader:
             manifest = load_manifest(folder / "model.json")
         except ManifestError as exc:
             raise RepositoryError(str(exc)) from None
-        preprocessor = Preprocessor(manifest.preprocessing)
+        preprocessor = Preprocessor(manifest.preprocessing, scaled_decode=self.scaled_decode)
         overrides = manifest.batching.model_dump() if manifest.batching is not None else {}
         config = self.batching.override(**overrides)
 

@@ -68,3 +68,30 @@ def test_manifest_accuracy_is_recomputed_from_the_committed_graph(model) -> None
     recomputed = evaluate.accuracy(COMMITTED / "model.onnx", manifest.preprocessing, test)
     assert abs(recomputed - manifest.provenance.metrics["test_accuracy"]) <= 0.002
     assert recomputed >= 0.75
+
+
+@pytest.mark.anyio
+async def test_without_scaled_decoding_a_jpeg_scores_as_the_png_of_its_full_size_pixels() -> None:
+    # Found by a fresh user: chelsea.jpg scored dog 0.32, the PNG of the same decoded pixels frog 0.37,
+    # because the JPEG was decoded at 1/8 scale (draft mode). PATCHSERVE_SCALED_DECODE=false decodes in full.
+    import io
+
+    from tests.conftest import ROOT, make_settings, running_app
+
+    photo = Image.open(ROOT / "examples" / "chelsea.png").convert("RGB")
+    jpeg = io.BytesIO()
+    photo.save(jpeg, "JPEG", quality=90)
+    png = io.BytesIO()
+    Image.open(io.BytesIO(jpeg.getvalue())).convert("RGB").save(png, "PNG")  # the JPEG's full-size pixels
+    path = "/v1/models/vit-cifar10/classify"
+    scores = {}
+    for scaled in (True, False):
+        async with running_app(make_settings(scaled_decode=scaled)) as client:
+            assert client.app.state.server.repository.get("vit-cifar10").preprocessor.draft_size == (
+                (32, 32) if scaled else None
+            )
+            for name, data in (("jpeg", jpeg.getvalue()), ("png", png.getvalue())):
+                answer = (await client.post(path, files={"image": data}, params={"top_k": 10})).json()
+                scores[scaled, name] = {p["label"]: p["score"] for p in answer["predictions"]}
+    assert scores[False, "jpeg"] == scores[False, "png"] == scores[True, "png"]  # the same pixels: the same scores
+    assert scores[True, "jpeg"] != scores[True, "png"]  # decoded at 1/8 scale: not the same pixels
