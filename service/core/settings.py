@@ -154,9 +154,9 @@ class Settings(BaseSettings):
         "(0: no polling; the repository API still loads and unloads). See docs/model-control.md.",
     )
     model_control_api: bool = Field(
-        True,
+        False,
         description="Serve POST /v2/repository/models/{name}/load and .../unload (behind the API keys when "
-        "they are set); false: they answer 403.",
+        "they are set): Triton's --model-control-mode=explicit; false (Triton's default, none): they answer 403.",
     )
     io_binding: bool = Field(False, description="Run through an ONNX Runtime IO binding (batch bound on the device).")
     cuda_device_id: int = Field(0, ge=0, description="The GPU the CUDA execution provider runs on.")

@@ -132,7 +132,7 @@ INFER_BODY: dict[str, Any] = {
 _WHEN = {
     400: "Malformed request, a tensor that does not fit the model, or (health) not ready",
     401: "Missing or wrong API key (only when PATCHSERVE_API_KEYS is set)",
-    403: "The model control API is off (PATCHSERVE_MODEL_CONTROL_API=false)",
+    403: "The model control API is off (the default; PATCHSERVE_MODEL_CONTROL_API=true turns it on)",
     404: "Unknown model or version",
     408: "The body was not received in time",
     413: "Body too large (decompressed included)",

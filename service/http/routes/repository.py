@@ -9,7 +9,8 @@ failed, while the other models go on serving; ``.../unload`` stops serving every
 and answers at once, each version finishing its queued and in-flight requests before its
 sessions are released. tritonclient's ``get_model_repository_index``, ``load_model`` and
 ``unload_model`` drive them unchanged. Load and unload sit behind the API keys when they are set
-and answer 403 when ``PATCHSERVE_MODEL_CONTROL_API`` is false. Errors are ``{"error": "..."}``.
+and answer 403 unless ``PATCHSERVE_MODEL_CONTROL_API`` is true (off by default, as Triton's model
+control mode is none). Errors are ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -72,7 +73,10 @@ def _control(state: State) -> ModelControl:
 def _control_allowed(state: State) -> None:
     """Raises Forbidden (403) when the API is off, Unavailable (503) until start-up has loaded the models."""
     if not state.settings.model_control_api:
-        raise Forbidden("the model control API is off on this server (PATCHSERVE_MODEL_CONTROL_API=false)")
+        raise Forbidden(
+            "the model control API is off on this server; PATCHSERVE_MODEL_CONTROL_API=true serves load and unload "
+            "(Triton's --model-control-mode=explicit)"
+        )
     if state.repository is None:
         raise Unavailable("the models are still loading", retry_after=2)
 

@@ -73,7 +73,7 @@ def test_version_policies_select_as_triton_does() -> None:
 
 async def test_load_api_swaps_in_a_new_version_and_retires_the_old(repository: Path) -> None:
     reference = Reference(repository, "vit-digits")
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         first = await classify(client)
         assert first.json()["version"] == "1" and reference.matches(1, DIGIT_7, first.json())
         publish(repository, "vit-digits", 2)
@@ -104,7 +104,9 @@ async def test_a_retired_version_answers_everything_it_queued_and_ran(repository
     (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"all": {}}}')
     publish(repository, "vit-digits", 2)
     reference = Reference(repository, "vit-digits")
-    async with running_app(make_settings(model_repository=repository, max_batch_size=1)) as client:
+    async with running_app(
+        make_settings(model_control_api=True, model_repository=repository, max_batch_size=1)
+    ) as client:
         v1 = client.app.state.server.repository.get("vit-digits", "1")
         runner = v1.instances[0]
         release, session = threading.Event(), runner.session
@@ -140,7 +142,7 @@ async def test_a_corrupt_version_is_refused_and_the_serving_one_keeps_serving(re
     def loads(text: str, version: str, outcome: str) -> float:
         return sample(text, "patchserve_model_loads_total", model="vit-digits", version=version, outcome=outcome)
 
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         before = (await client.get("/metrics")).text  # the counters are the process's, shared by every test
         publish(repository, "vit-digits", 3, "bad-manifest")
         refused = await client.post(LOAD)
@@ -167,7 +169,7 @@ async def test_a_refused_load_with_a_version_policy_leaves_serving_as_it_was(rep
         policy = {"version_policy": {"specific": {"versions": list(versions)}}}
         return {"parameters": {"config": json.dumps(policy)}}
 
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         for body in (specific(2), specific(999999999)):
             refused = await client.post(LOAD, json=body)
             assert refused.status_code == 400 and "selects none of its complete version folders [1]" in refused.text
@@ -183,7 +185,9 @@ async def test_a_refused_load_with_a_version_policy_leaves_serving_as_it_was(rep
 
 
 async def test_polling_publishes_and_removing_a_folder_retires(repository: Path) -> None:
-    async with running_app(make_settings(model_repository=repository, repository_poll_seconds=0.05)) as client:
+    async with running_app(
+        make_settings(model_control_api=True, model_repository=repository, repository_poll_seconds=0.05)
+    ) as client:
         publish(repository, "vit-digits", 2)
         await until(lambda: "2" in {str(v) for v in client.app.state.server.repository.models["vit-digits"]}, "v2")
         assert (await classify(client)).json()["version"] == "2"
@@ -195,7 +199,7 @@ async def test_polling_publishes_and_removing_a_folder_retires(repository: Path)
 
 
 async def test_unload_then_load_and_the_switches(repository: Path) -> None:
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         assert (await client.post(UNLOAD)).status_code == 200
         assert (await classify(client)).status_code == 404
         await control(client).until_retired()
@@ -209,11 +213,13 @@ async def test_unload_then_load_and_the_switches(repository: Path) -> None:
         assert (await client.post("/v2/repository/models/nothing/load")).status_code == 400
         assert (await client.post(LOAD, json={"parameters": {"file:1/model.onnx": "AAAA"}})).status_code == 400
         assert (await client.post(LOAD, content=b"{not json")).status_code == 400
-    async with running_app(make_settings(model_repository=repository, model_control_api=False)) as client:
+    async with running_app(make_settings(model_repository=repository)) as client:  # the default: off
         off = await client.post(UNLOAD)
         assert off.status_code == 403 and "PATCHSERVE_MODEL_CONTROL_API" in off.json()["error"]
         assert (await client.post(INDEX)).status_code == 200
-    async with running_app(make_settings(model_repository=repository, api_keys=["k1"])) as client:
+    async with running_app(
+        make_settings(model_control_api=True, model_repository=repository, api_keys=["k1"])
+    ) as client:
         assert (await client.post(UNLOAD)).status_code == 401
         assert (await client.post(UNLOAD, headers={"Authorization": "Bearer k1"})).status_code == 200
 
@@ -222,7 +228,9 @@ async def test_a_version_loaded_while_serving_reuses_the_tuners_result_and_never
     repository: Path, tmp_path: Path
 ) -> None:
     tuned = {"auto_tune": True, "instances": None, "tune_point_seconds": 0.02, "tune_max_batch_size": 4}
-    settings = make_settings(model_repository=repository, tune_cache=tmp_path / "cache", tune_busy_cores=64, **tuned)
+    settings = make_settings(
+        model_control_api=True, model_repository=repository, tune_cache=tmp_path / "cache", tune_busy_cores=64, **tuned
+    )
     async with running_app(settings) as client:
         first = (await client.get("/v1/models/vit-digits")).json()["versions"][0]["autotune"]
         assert first["source"] == "measured"  # at start-up, nothing else serving: measured (and cached)
@@ -242,7 +250,7 @@ async def test_a_version_loaded_while_serving_reuses_the_tuners_result_and_never
 
 
 async def test_a_poll_loads_a_version_only_once_its_files_are_complete_and_settled(repository: Path) -> None:
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         models = client.app.state.server.repository.models
         half = repository / "vit-digits" / "3"
         half.mkdir()
@@ -270,7 +278,7 @@ async def test_a_poll_loads_a_version_only_once_its_files_are_complete_and_settl
 
 
 async def test_a_version_rewritten_in_place_is_loaded_again_and_swapped(repository: Path) -> None:
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         old = client.app.state.server.repository.get("vit-digits", "1")
         assert (await classify(client)).json()["predictions"][0]["label"] == "7"
         publish(repository, "vit-digits", 2)
@@ -287,7 +295,7 @@ async def test_a_version_rewritten_in_place_is_loaded_again_and_swapped(reposito
 
 
 async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
-    async with running_app(make_settings(model_repository=repository)) as client:
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         loader, proceed = control(client).loader, threading.Event()
 
         class SlowLoader:  # the load of version 2 waits, in its worker thread, until told to go on

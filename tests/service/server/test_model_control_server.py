@@ -30,6 +30,7 @@ from tests.service.model_versions import Reference, publish
 pytestmark = pytest.mark.slow
 CLIENTS = 8
 CLASSIFY = "/v1/models/vit-digits/classify"
+CONTROL = {"PATCHSERVE_MODEL_CONTROL_API": "true"}  # off by default, as Triton's model control mode is none
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
 
 
@@ -173,7 +174,7 @@ def test_polling_publishes_v2_retires_v1_and_refuses_corrupt_v3_under_load(repos
 
 
 def test_load_api_publishes_v2_under_load_through_tritonclient(repository: Path, tmp_path: Path) -> None:
-    env = {"PATCHSERVE_MODEL_REPOSITORY": str(repository), "PATCHSERVE_INTRA_OP_THREADS": "1"}
+    env = {"PATCHSERVE_MODEL_REPOSITORY": str(repository), "PATCHSERVE_INTRA_OP_THREADS": "1", **CONTROL}
     reference = Reference(repository, "vit-digits")
     with server_process(env=env, ready_timeout=90) as (url, _):
         client = triton.InferenceServerClient(url=url.removeprefix("http://"))
@@ -211,7 +212,7 @@ def test_twenty_unload_load_cycles_of_vit_cifar10_return_their_memory(tmp_path: 
     root = tmp_path / "repository"
     shutil.copytree(MODEL_REPOSITORY / "vit-cifar10", root / "vit-cifar10")
     chelsea = (ROOT / "examples" / "chelsea.png").read_bytes()
-    env = {"PATCHSERVE_MODEL_REPOSITORY": str(root), "PATCHSERVE_INTRA_OP_THREADS": "1"}
+    env = {"PATCHSERVE_MODEL_REPOSITORY": str(root), "PATCHSERVE_INTRA_OP_THREADS": "1", **CONTROL}
     with server_process(env=env, ready_timeout=90) as (url, process):
         client = triton.InferenceServerClient(url=url.removeprefix("http://"))
 
@@ -239,6 +240,7 @@ def test_with_two_workers_one_load_request_reaches_both(repository: Path) -> Non
         "PATCHSERVE_MODEL_REPOSITORY": str(repository),
         "PATCHSERVE_WORKERS": "2",
         "PATCHSERVE_INTRA_OP_THREADS": "1",
+        **CONTROL,
     }
 
     def metric(name: str, **labels: str) -> float:
