@@ -172,6 +172,28 @@ def uvicorn_config(settings: Settings) -> ServeConfig:
     )
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A TCP socket bound to ``host``:``port`` (IPv6 when ``host`` has a colon), inheritable by workers.
+
+    uvicorn's own ``Config.bind_socket``, without its ``sys.exit``: the caller says why it stops.
+
+    Raises:
+        OSError: the address cannot be bound ("cannot listen on 127.0.0.1:8000: address already in use").
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        reason = (exc.strerror or str(exc)).lower()
+        raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
+    sock.set_inheritable(True)
+    log.info("listening on http://%s:%d", f"[{host}]" if family == socket.AF_INET6 else host, port)
+    return sock
+
+
 def run(settings: Settings) -> int:
     """Serve until a signal has drained the server. Returns the process exit status.
 
@@ -189,13 +211,18 @@ def run(settings: Settings) -> int:
             print(f"patchserve: cannot start: {exc}", file=sys.stderr)
             return 2
         config = uvicorn_config(settings)
+        try:  # before the models load: a taken port fails at once, not after a "ready" line
+            sockets = [listening_socket(settings.host, settings.port)]
+        except OSError as exc:
+            print(f"patchserve: cannot start: {exc}", file=sys.stderr)
+            return STARTUP_FAILURE
         if settings.workers == 1:
             server = DrainingServer(config)
-            server.run()
+            server.run(sockets=sockets)
             return 0 if server.started else STARTUP_FAILURE
         # uvicorn's supervisor makes its workers from this module-level name; give it ours.
         multiprocess.Process = _DrainingProcess  # type: ignore[misc]
-        supervisor = _Supervisor(config, sockets=[config.bind_socket()])
+        supervisor = _Supervisor(config, sockets=sockets)
         supervisor.run()
         return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
     finally:

@@ -114,3 +114,24 @@ def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
     config.load()
     assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
     assert serve.uvicorn_config(make_settings()).backlog == 2048
+
+
+def test_a_taken_port_stops_the_start_at_once_saying_so(monkeypatch: pytest.MonkeyPatch, capsys, tmp_path) -> None:
+    # Found by a fresh user: the models loaded, "ready: ..." was logged, and only then did the bind fail.
+    import socket
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the server was built although its port was taken")
+
+    monkeypatch.setattr(serve, "DrainingServer", never)
+    monkeypatch.setenv(serve.MULTIPROC_ENV, str(tmp_path))  # run() sets it; restored after the test
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for workers in (1, 2):
+            assert serve.run(make_settings(host="127.0.0.1", port=port, workers=workers)) == serve.STARTUP_FAILURE
+            err = capsys.readouterr().err
+            assert f"patchserve: cannot start: cannot listen on 127.0.0.1:{port}: address already in use" in err
+    with serve.listening_socket("127.0.0.1", 0) as sock:
+        assert sock.get_inheritable() and sock.getsockname()[0] == "127.0.0.1"
