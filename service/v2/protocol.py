@@ -19,8 +19,10 @@ Request bodies compressed with ``Content-Encoding: gzip`` or ``deflate`` (what t
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import secrets
 import struct
 import zlib
 from dataclasses import dataclass, field
@@ -275,6 +277,35 @@ def _read_output(entry: Any, index: int, binary_default: bool) -> RequestedOutpu
     return RequestedOutput(name, binary, count)
 
 
+_NON_FINITE = re.compile(rb"NaN|Infinity")
+
+
+def _load_json(header: bytes) -> Any:
+    """The JSON object of a request, with Triton's ``NaN``, ``Infinity`` and ``-Infinity`` literals.
+
+    tritonclient sends them for non-finite values in JSON ``data`` and Triton's parser (rapidjson,
+    ``kParseNanAndInfFlag``) reads them; orjson refuses them. orjson reads everything else: only a
+    document it refuses that spells one of them is read again by Python's ``json`` (no larger: the
+    body is already within its cap), then re-encoded by orjson, so that the literals are the only
+    thing accepted beyond what orjson accepts (not lone surrogates, nor integers past 64 bits).
+
+    Raises:
+        BadRequest: not JSON, even with those literals (400).
+    """
+    try:
+        return orjson.loads(header)
+    except orjson.JSONDecodeError as exc:
+        refusal = exc
+    if _NON_FINITE.search(header) is not None:
+        try:
+            document = json.loads(header.decode("utf-8"))  # decoded first: json.loads would guess UTF-16/32
+            orjson.dumps(document)
+            return document
+        except (ValueError, TypeError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+            pass
+    raise BadRequest(f"the inference request is not valid JSON: {refusal}") from None
+
+
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """Parse an ``$inference_request`` body (JSON, then any binary tensor data).
 
@@ -291,10 +322,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             or datatype, binary sizes that do not add up, shared-memory tensors (400).
     """
     header, binary = _split_body(body, header_length)
-    try:
-        document = orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        raise BadRequest(f"the inference request is not valid JSON: {exc}") from None
+    document = _load_json(header)
     _require(isinstance(document, dict), "the inference request must be a JSON object")
     request_id = document.get("id")
     _require(request_id is None or isinstance(request_id, str), "id must be a string")
@@ -344,6 +372,28 @@ def _json_data(array: np.ndarray) -> Any:
     return np.ascontiguousarray(array.ravel())
 
 
+def _literal_data(array: np.ndarray) -> bytes | None:
+    """A float tensor with non-finite values as a JSON array with Triton's literals, else None.
+
+    Triton writes NaN and infinities in JSON ``data`` as ``NaN``, ``Infinity`` and ``-Infinity``
+    (rapidjson's ``kWriteNanAndInfFlag``), which tritonclient reads back as they were; orjson
+    writes ``null``. Only an output that has such values takes this path: its finite elements are
+    written by orjson (a flat array of numbers, so split at its commas) and the others replaced.
+    """
+    if array.dtype.kind != "f":
+        return None
+    flat = np.ascontiguousarray(array.ravel(), dtype=np.float32 if array.dtype == np.float16 else array.dtype)
+    finite = np.isfinite(flat)
+    if finite.all():
+        return None
+    zeroed = np.where(finite, flat, flat.dtype.type(0))
+    elements = orjson.dumps(zeroed, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
+    for index in np.flatnonzero(~finite):
+        value = flat[index]
+        elements[index] = b"NaN" if np.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
+    return b"[" + b",".join(elements) + b"]"
+
+
 def encode_infer_response(
     model_name: str, model_version: str, request_id: str | None, outputs: list[OutputTensor]
 ) -> tuple[bytes, dict[str, str]]:
@@ -352,9 +402,12 @@ def encode_infer_response(
     Returns:
         (body, headers). With any binary output the body is the JSON object followed by the
         outputs' bytes in order, and the headers carry ``Inference-Header-Content-Length``
-        and ``Content-Type: application/octet-stream``; otherwise it is JSON alone.
+        and ``Content-Type: application/octet-stream``; otherwise it is JSON alone. A JSON
+        output's NaN and infinities are written as Triton writes them, ``NaN``, ``Infinity``
+        and ``-Infinity`` (read by tritonclient and Python's ``json``, not by strict parsers).
     """
     entries, chunks = [], []
+    literals: dict[bytes, bytes] = {}
     for output in outputs:
         entry: dict[str, Any] = {
             "name": output.name,
@@ -366,12 +419,20 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
-            entry["data"] = _json_data(output.array)
+            literal = _literal_data(output.array)
+            if literal is None:
+                entry["data"] = _json_data(output.array)
+            else:  # a unique placeholder, replaced by the array once orjson has written the rest
+                placeholder = f"patchserve-data-{secrets.token_hex(16)}"
+                entry["data"] = placeholder
+                literals[orjson.dumps(placeholder)] = literal
         entries.append(entry)
     document: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": entries}
     if request_id is not None:
         document["id"] = request_id
     header = orjson.dumps(document, option=orjson.OPT_SERIALIZE_NUMPY)
+    for placeholder_json, literal in literals.items():
+        header = header.replace(placeholder_json, literal, 1)
     if not chunks:
         return header, {"Content-Type": "application/json"}
     return header + b"".join(chunks), {

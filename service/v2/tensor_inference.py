@@ -9,8 +9,9 @@ the graph's input and gets the graph's outputs, as with Triton.
 Non-finite inputs (NaN, infinities) are run, as Triton runs them: perf_analyzer's default
 random data is random bytes, many of which are NaN in FP32. A row's values never reach its
 batch mates (each output row depends on its input row only), and the outputs they give are
-returned as they are: bit for bit in binary, and as ``null`` in JSON (JSON has no NaN; RFC
-8259, section 6), which keeps the body valid JSON.
+returned as they are: bit for bit in binary, and in JSON as Triton writes them, ``NaN``,
+``Infinity`` and ``-Infinity`` (``protocol.encode_infer_response``; not RFC 8259 JSON, which
+has no NaN, but what tritonclient reads).
 """
 
 from __future__ import annotations

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import json
+import math
 import re
 import struct
 import zlib
@@ -390,14 +392,29 @@ async def test_non_finite_inputs_are_run_as_triton_runs_them_and_json_stays_vali
     expected = np.asarray(clean.json()["outputs"][0]["data"], np.float32)
     np.testing.assert_allclose(logits[1], expected, rtol=1e-5, atol=1e-5)  # ...and never to its batch mate
     async with running_app() as client:
-        nan_json = await client.post(
+        overflow_json = await client.post(
             INFER,
             content=b'{"inputs": [{"name": "pixel_values", "shape": [1, 1, 8, 8], "datatype": "FP32", '
             b'"data": [1e39' + b", 0.5" * 63 + b"]}]}",
         )
-    assert nan_json.status_code == 200 and nan_json.headers["content-type"] == "application/json"
-    data = orjson.loads(nan_json.content)["outputs"][0]["data"]  # valid JSON: NaN is written as null
-    assert data == [None] * 10
+        # What tritonclient's set_data_from_numpy(x, binary_data=False) sends for a NaN: a bare literal.
+        literal_json = await client.post(
+            INFER,
+            content=b'{"inputs": [{"name": "pixel_values", "shape": [2, 1, 8, 8], "datatype": "FP32", '
+            b'"data": [NaN, Infinity, -Infinity'
+            + b", 0.5" * 61
+            + b"".join(b", %r" % v for v in x[1].ravel().tolist())
+            + b"]}]}",
+        )
+    for response in (overflow_json, literal_json):
+        assert response.status_code == 200 and response.headers["content-type"] == "application/json", response.text
+    # NaN outputs are written as Triton writes them (rapidjson's NaN literal), which json.loads reads.
+    data = json.loads(overflow_json.content)["outputs"][0]["data"]
+    assert len(data) == 10 and all(math.isnan(v) for v in data)
+    assert b"null" not in overflow_json.content and b"NaN" in overflow_json.content
+    rows = np.asarray(json.loads(literal_json.content)["outputs"][0]["data"], np.float32).reshape(2, 10)
+    assert np.isnan(rows[0]).all()  # the literals were read as NaN and infinities and run...
+    np.testing.assert_allclose(rows[1], expected, rtol=1e-5, atol=1e-5)  # ...and the clean row is unchanged
 
 
 async def test_v2_405_404_401_are_protocol_errors_with_the_right_allow() -> None:
@@ -456,3 +473,71 @@ def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: st
     if datatype in fine:
         parsed = parse_infer_request(request(fine[datatype]), None)
         assert parsed.inputs["x"].tolist() == fine[datatype]
+
+
+def test_json_data_takes_tritons_nan_and_infinity_literals_and_nothing_more() -> None:
+    # tritonclient's JSON data for a NaN is a bare NaN literal, which Triton's parser reads; orjson does not.
+    from service.core.errors import BadRequest
+    from service.v2.protocol import parse_infer_request
+
+    def request(data: bytes, request_id: bytes = b'"r"') -> bytes:
+        entry = b'{"name": "x", "shape": [4], "datatype": "FP32", "data": ' + data + b"}"
+        return b'{"id": ' + request_id + b', "inputs": [' + entry + b"]}"
+
+    parsed = parse_infer_request(request(b"[NaN, Infinity, -Infinity, 1.5]"), None)
+    x = parsed.inputs["x"]
+    assert x.dtype == np.float32 and np.isnan(x[0]) and x[1] == np.inf and x[2] == -np.inf and x[3] == 1.5
+    assert parsed.id == "r"
+    for bad in (
+        request(b"[NaN, 1, 2, 3,]"),  # still not JSON with the literals
+        request(b"[nan, 1, 2, 3]"),  # only Triton's spelling
+        request(b"[NaN, 1, 2, 3]", b'"\\ud800"'),  # a lone surrogate orjson refuses stays refused
+        request(b"[NaN, 1, 2, 3]", b"18446744073709551616" * 2),  # past 64 bits
+        request(b"[NaN, 1, 2, 3]").decode().encode("utf-16"),  # json.loads alone would guess UTF-16
+    ):
+        with pytest.raises(BadRequest, match="not valid JSON"):
+            parse_infer_request(bad, None)
+
+
+def test_json_outputs_write_non_finite_values_as_triton_does_and_finite_ones_unchanged() -> None:
+    from service.v2.protocol import OutputTensor, encode_infer_response
+
+    finite = np.asarray([[0.1, -2.5], [3.0, 1e-7]], np.float32)
+    odd = np.asarray([np.nan, np.inf, -np.inf, 0.1], np.float16)
+    ints = np.asarray([1, 2], np.int64)
+    outputs = [OutputTensor(name, array, False) for name, array in (("finite", finite), ("odd", odd), ("ints", ints))]
+    body, headers = encode_infer_response("m", "1", "patchserve-data-0", outputs)
+    assert headers == {"Content-Type": "application/json"}
+    assert b'"data":[NaN,Infinity,-Infinity,0.099975586]' in body  # the literals rapidjson writes
+    document = json.loads(body)  # what tritonclient reads it with (python-rapidjson) reads it alike
+    assert document["id"] == "patchserve-data-0"
+    assert np.asarray(document["outputs"][0]["data"], np.float32).tolist() == finite.ravel().tolist()
+    values = document["outputs"][1]["data"]
+    assert math.isnan(values[0]) and values[1:3] == [math.inf, -math.inf] and np.float16(values[3]) == odd[3]
+    assert document["outputs"][2]["data"] == [1, 2]
+    clean, _ = encode_infer_response("m", "1", None, [OutputTensor("finite", finite, False)])
+    assert b"NaN" not in clean and orjson.loads(clean)["outputs"][0]["data"] == orjson.loads(
+        orjson.dumps(finite.ravel(), option=orjson.OPT_SERIALIZE_NUMPY)
+    )  # the fast path, unchanged: strict JSON
+
+
+async def test_tritonclients_own_json_request_with_nan_is_run_and_its_nan_output_read_back() -> None:
+    # The body tritonclient builds for set_data_from_numpy(x, binary_data=False) with a NaN in x,
+    # and its own parser on the answer: the NaN row gives NaN logits, its batch mate its own.
+    import tritonclient.http as triton
+
+    x = digit_tensor(DIGIT_7, DIGIT_7)
+    x[0, 0, 0, 0] = np.nan
+    tensor = triton.InferInput("pixel_values", list(x.shape), "FP32")
+    tensor.set_data_from_numpy(x, binary_data=False)
+    requested = [triton.InferRequestedOutput("logits", binary_data=False)]
+    body, header_length = triton.InferenceServerClient.generate_request_body([tensor], requested)
+    assert header_length is None and b"NaN" in body
+    async with running_app() as client:
+        response = await client.post(INFER, content=body)
+        clean = await client.post(INFER, json=json_request(x[1:]))
+    assert response.status_code == 200, response.text
+    logits = triton.InferenceServerClient.parse_response_body(response.content).as_numpy("logits")
+    assert logits.shape == (2, 10) and np.isnan(logits[0]).all()
+    expected = np.asarray(clean.json()["outputs"][0]["data"], np.float32)
+    np.testing.assert_allclose(logits[1], expected, rtol=1e-5, atol=1e-5)
