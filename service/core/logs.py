@@ -6,6 +6,10 @@ Loki, CloudWatch, Elasticsearch …). The configuration is a :func:`logging.conf
 dictionary handed to uvicorn, which applies it in the supervisor and again in each worker it
 spawns, so a worker's lines look like the supervisor's.
 
+Python warnings (Pillow's "Corrupt EXIF data", numpy's, FastAPI's) are routed through logging
+(logger ``py.warnings``, level WARNING) wherever this configuration is applied, so in JSON mode
+they are JSON lines too, not the multi-line text :mod:`warnings` writes to stderr.
+
 The per-request line (logger :data:`ACCESS_LOGGER`) is written by
 :class:`service.http.middleware.access_log.AccessLogMiddleware`.
 """
@@ -38,6 +42,19 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document, default=str)
 
 
+def capture_warnings() -> logging.Filter:
+    """Route :mod:`warnings` through logging; a filter factory, so that ``dictConfig`` calls it.
+
+    uvicorn applies :func:`log_config` in the supervisor and in every worker it spawns, each a
+    fresh interpreter: configuring the handler's filter is what reaches every process.
+
+    Returns:
+        A filter that lets every record through.
+    """
+    logging.captureWarnings(True)
+    return logging.Filter()
+
+
 def log_config(level: str, fmt: str) -> dict[str, Any]:
     """The :func:`logging.config.dictConfig` dictionary for ``level`` and ``fmt`` ("text" | "json")."""
     level = level.upper()
@@ -48,7 +65,15 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"},
             "json": {"()": JsonFormatter},
         },
-        "handlers": {"stderr": {"class": "logging.StreamHandler", "formatter": fmt, "stream": "ext://sys.stderr"}},
+        "filters": {"warnings": {"()": capture_warnings}},
+        "handlers": {
+            "stderr": {
+                "class": "logging.StreamHandler",
+                "formatter": fmt,
+                "stream": "ext://sys.stderr",
+                "filters": ["warnings"],
+            }
+        },
         "root": {"handlers": ["stderr"], "level": level},
         "loggers": {
             "uvicorn": {"level": level, "handlers": [], "propagate": True},

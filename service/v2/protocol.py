@@ -251,7 +251,10 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
                 limits.min <= inferred.min() and inferred.max() <= limits.max,
                 f"input {name!r}: data is not a {datatype} tensor: a value is outside [{limits.min}, {limits.max}]",
             )
-        array = inferred.astype(dtype)
+        # A number beyond a float datatype's range becomes an infinity, as Triton's cast makes it
+        # (1e39 in FP32): expected, so numpy's overflow warning is silenced.
+        with np.errstate(over="ignore"):
+            array = inferred.astype(dtype)
     except (ValueError, TypeError, OverflowError) as exc:
         raise BadRequest(f"input {name!r}: data is not a {datatype} tensor: {exc}") from None
     _require(

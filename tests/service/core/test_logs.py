@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import logging.config
+import subprocess
+import sys
 
 import pytest
 
@@ -64,6 +66,7 @@ def test_log_config_is_valid_for_both_formats() -> None:
     finally:
         root.setLevel(saved[0])
         root.handlers[:] = saved[1]
+        logging.captureWarnings(False)  # the configuration turned it on; pytest records warnings itself
 
 
 async def test_a_long_path_is_cut_in_the_log_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -74,3 +77,18 @@ async def test_a_long_path_is_cut_in_the_log_line(caplog: pytest.LogCaptureFixtu
     (line,) = [r for r in caplog.records if r.name == ACCESS_LOGGER and r.getMessage().startswith("GET")]
     assert line.path == "/v1/models/" + "x" * (MAX_LOGGED_PATH - 11) + f"...(+{5011 - MAX_LOGGED_PATH} characters)"
     assert len(line.getMessage()) < MAX_LOGGED_PATH + 200
+
+
+def test_python_warnings_are_json_lines_in_json_mode() -> None:
+    # Pillow's "Corrupt EXIF data" and other warnings went to stderr as multi-line text.
+    script = (
+        "import logging.config, warnings\n"
+        "from service.core.logs import log_config\n"
+        "logging.config.dictConfig(log_config('info', 'json'))\n"
+        "warnings.warn('Corrupt EXIF data', UserWarning)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    lines = done.stderr.splitlines()
+    documents = [json.loads(line) for line in lines]  # every line one JSON object
+    (warning,) = [d for d in documents if d["logger"] == "py.warnings"]
+    assert warning["level"] == "warning" and "UserWarning: Corrupt EXIF data" in warning["message"]

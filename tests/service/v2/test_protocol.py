@@ -8,6 +8,7 @@ import json
 import math
 import re
 import struct
+import warnings
 import zlib
 
 import numpy as np
@@ -541,3 +542,13 @@ async def test_tritonclients_own_json_request_with_nan_is_run_and_its_nan_output
     assert logits.shape == (2, 10) and np.isnan(logits[0]).all()
     expected = np.asarray(clean.json()["outputs"][0]["data"], np.float32)
     np.testing.assert_allclose(logits[1], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_float_beyond_its_datatype_becomes_infinity_without_a_warning() -> None:
+    from service.v2.protocol import parse_infer_request
+
+    body = b'{"inputs": [{"name": "x", "shape": [3], "datatype": "FP32", "data": [1e308, -1e39, 0.5]}]}'
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # numpy's "overflow encountered in cast" would raise
+        parsed = parse_infer_request(body, None)
+    assert parsed.inputs["x"].tolist() == [np.inf, -np.inf, 0.5]
