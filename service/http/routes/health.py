@@ -11,17 +11,19 @@ from service.http.openapi import problem_responses
 router = APIRouter(tags=["health"])
 
 
-@router.api_route("/healthz", methods=["GET", "HEAD"], summary="Liveness: 200 while the process serves")
+_READY_SUMMARY = "Readiness: 200 once every model is loaded and warmed up; 503 before and while draining"
+
+
+# GET and HEAD are two routes, not one api_route(methods=["GET", "HEAD"]): one route gives both
+# operations the same operationId, which OpenAPI forbids (and FastAPI warns about).
+@router.get("/healthz", summary="Liveness: 200 while the process serves")
+@router.head("/healthz", summary="Liveness: 200 while the process serves")
 async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.api_route(
-    "/readyz",
-    methods=["GET", "HEAD"],
-    summary="Readiness: 200 once every model is loaded and warmed up; 503 before and while draining",
-    responses=problem_responses(503),
-)
+@router.get("/readyz", summary=_READY_SUMMARY, responses=problem_responses(503))
+@router.head("/readyz", summary=_READY_SUMMARY, responses=problem_responses(503))
 async def readyz(state: State) -> dict[str, str]:
     reasons = state.not_ready_reasons()
     if reasons:

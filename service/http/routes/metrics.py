@@ -9,7 +9,9 @@ from service.core.metrics import exposition
 router = APIRouter(tags=["metrics"])
 
 
-@router.api_route("/metrics", methods=["GET", "HEAD"], summary="Prometheus metrics", response_class=Response)
+# Two routes, so that GET and HEAD have distinct operationIds (see routes/health.py).
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+@router.head("/metrics", summary="Prometheus metrics", response_class=Response)
 async def metrics() -> Response:
     body, content_type = exposition()
     return Response(body, media_type=content_type)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import base64
 import os
 import subprocess
+import warnings
 from pathlib import Path
 
 import jsonschema
@@ -125,3 +126,19 @@ def test_schemathesis_with_api_keys(tmp_path: Path) -> None:
         result = _schemathesis(url, tmp_path, "--header", "Authorization: Bearer st-key-1", "--max-examples", "20")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "No issues found" in result.stdout
+
+
+async def test_every_operation_id_is_unique_and_head_still_answers() -> None:
+    # api_route(methods=["GET", "HEAD"]) gave GET and HEAD one operationId (healthz_healthz_get),
+    # which OpenAPI 3 forbids; FastAPI warned "Duplicate Operation ID" at every start.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # FastAPI's duplicate-id UserWarning would raise
+        async with running_app() as client:
+            paths = (await client.get("/openapi.json")).json()["paths"]
+            heads = {path: await client.head(path) for path in ("/healthz", "/readyz", "/metrics")}
+    ids = [op["operationId"] for item in paths.values() for op in item.values() if isinstance(op, dict)]
+    assert len(ids) > 10 and len(ids) == len(set(ids)), sorted(i for i in ids if ids.count(i) > 1)
+    for path in ("/healthz", "/readyz", "/metrics"):
+        assert set(paths[path]) == {"get", "head"}
+    assert {path: r.status_code for path, r in heads.items()} == {"/healthz": 200, "/readyz": 200, "/metrics": 200}
+    assert all(r.content == b"" for r in heads.values())
