@@ -5,8 +5,8 @@ Three request forms carry images (DESIGN.md, "Receive"):
 * ``multipart/form-data`` with one or more parts named ``image`` (``curl -F image=@a.jpg``),
   parsed as it streams in: parts with other names are counted and dropped, never kept;
 * a raw body with an ``image/*`` or ``application/octet-stream`` content type;
-* ``application/json``: ``{"images": ["<base64>", ...]}`` (padding optional; a ``data:`` URL prefix is allowed;
-  a URL is not fetched).
+* ``application/json``: ``{"images": ["<base64>", ...]}`` (padding optional; line breaks, spaces and tabs
+  inside the base64 are ignored, as MIME's 76-character lines; a ``data:`` URL prefix is allowed; a URL is not fetched).
 
 A ``Content-Length`` over the cap is refused before a byte is read; a chunked body is counted
 as it arrives and refused as soon as it passes the cap, so no body over the cap is ever held.
@@ -63,7 +63,10 @@ OPENAPI_IMAGE_BODY = {
                             "type": "array",
                             "minItems": 1,
                             "items": {"type": "string", "contentEncoding": "base64"},
-                            "description": "Base64 image files (a data: URL prefix is allowed; URLs are not fetched).",
+                            "description": (
+                                "Base64 image files (padding optional; line breaks, spaces and tabs are ignored; "
+                                "a data: URL prefix is allowed; URLs are not fetched)."
+                            ),
                         }
                     },
                 },
@@ -207,6 +210,11 @@ async def _multipart_images(
     return collector.finish()
 
 
+# ASCII whitespace that encoders put between base64 lines (MIME's CRLF, `base64`'s LF) or that
+# a client's wrapping adds; any other character outside the alphabet is still refused.
+_BASE64_SPACE = ("\n", "\r", " ", "\t")
+
+
 def _json_images(body: bytes, max_images: int) -> list[bytes]:
     try:
         document = orjson.loads(body)
@@ -223,6 +231,9 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
             raise BadRequest(f"images[{i}] is a URL; this server fetches nothing: send the file's bytes in base64")
         if text.startswith("data:"):
             text = text.partition(",")[2]
+        for space in _BASE64_SPACE:  # wrapped base64: RFC 2045's 76-character lines, `base64`'s output
+            if space in text:  # a scan; a copy only when the text has that character
+                text = text.replace(space, "")
         text = text.rstrip("=")
         try:  # padding is optional (RFC 4648, Sec. 3.2: many encoders, e.g. base64url ones, leave it out)
             images.append(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))

@@ -225,3 +225,24 @@ async def test_v1_refuses_a_content_encoding_instead_of_reading_it_as_plain(enco
         )
     assert_problem(response, 415, f"Content-Encoding {encoding!r} is not accepted on /v1")
     assert plain.status_code == 200
+
+
+async def test_json_images_may_be_wrapped_base64_but_other_characters_are_refused() -> None:
+    # Found by a fresh user: the base64 command's and base64.encodebytes' 76-character lines were a 400.
+    wrapped = base64.encodebytes(DIGIT_7).decode()  # "...\n" every 76 characters, as `base64` writes
+    assert "\n" in wrapped.rstrip("\n")
+    crlf_unpadded = wrapped.replace("\n", "\r\n").rstrip("\r\n=")  # MIME's CRLF, padding left out
+    encoded = base64.b64encode(DIGIT_7).decode()
+    spaced = " \t".join(encoded[i : i + 64] for i in range(0, len(encoded), 64))  # spaces and tabs too
+    async with running_app() as client:
+        images = [wrapped, crlf_unpadded, "data:image/png;base64," + wrapped, spaced]
+        response = await client.post(CLASSIFY, json={"images": images}, params={"top_k": 1})
+        bad = [
+            await client.post(CLASSIFY, json={"images": [wrapped.replace("\n", sep, 1)]}) for sep in ("\v", "\f", "!")
+        ]
+    assert response.status_code == 200, response.text
+    results = response.json()["results"]
+    assert [r["predictions"][0]["label"] for r in results] == ["7"] * 4
+    assert results[0] == results[1] == results[2] == results[3]
+    for response in bad:  # other whitespace and other characters stay refused
+        assert_problem(response, 400, "images[0] is not valid base64")
