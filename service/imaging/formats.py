@@ -59,10 +59,10 @@ _SIGNATURES: tuple[tuple[int, bytes, str], ...] = (
     (0, b"qoif", "QOI"),
     (0, b"DDS ", "DDS"),
     (0, b"icns", "ICNS"),
-    (0, b"\x00\x00\x02\x00", "CUR"),
     (0, b"PK\x03\x04", "ZIP"),
     (0, b"\x1f\x8b", "gzip"),
 )
+_TGA_FOOTER = b"TRUEVISION-XFILE.\x00"
 FORMAT_NAMES = {"WEBP": "WebP", "HEIF": "HEIC/HEIF"}  # Pillow's format ids as messages name them
 _HEIF_BRANDS = {b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1", b"mif2"}
 _AVIF_BRANDS = {b"avif", b"avis"}
@@ -84,6 +84,12 @@ def sniff_format(data: bytes) -> str | None:
     for offset, signature, name in _SIGNATURES:
         if data[offset : offset + len(signature)] == signature:
             return name
+    # A CUR starts 00 00 02 00 and a count of at least one image; so does an uncompressed TGA
+    # without an id or colour map (id length 0, no map, type 2), whose next bytes are zero.
+    if data[:4] == b"\x00\x00\x02\x00" and len(data) >= 6 and data[4:6] != b"\x00\x00":
+        return "CUR"
+    if data.endswith(_TGA_FOOTER):  # TGA has no leading signature; version 2 files end with this
+        return "TGA"
     head = data[:256].lstrip().lower()
     if head.startswith((b"<svg", b"<?xml")) or b"<svg" in head:
         return "SVG/XML"

@@ -7,8 +7,10 @@ back with a prediction, an undecodable one with a problem that names what is wro
 from __future__ import annotations
 
 import csv
+import io
 
 import pytest
+from PIL import Image
 
 from service.core.errors import InvalidImage
 from service.imaging.formats import HEIF_AVAILABLE
@@ -121,3 +123,25 @@ async def test_every_kind_in_one_request_answers_each_in_order(client) -> None:
 def test_jpeg_2000_and_jpeg_xl_are_not_accepted_rather_than_corrupt_jpegs(data: bytes, name: str) -> None:
     with pytest.raises(InvalidImage, match=f"{name} files are not accepted"):
         decode_image(data, color_mode="RGB", max_pixels=10**6)
+
+
+def _tga(footer: bool) -> bytes:
+    out = io.BytesIO()
+    Image.new("RGB", (4, 3), (10, 20, 30)).save(out, "TGA")  # uncompressed: starts 00 00 02 00, as a CUR
+    data = out.getvalue()
+    return data if footer else data[: -len(b"\x00" * 8 + b"TRUEVISION-XFILE.\x00")]
+
+
+def test_an_uncompressed_tga_is_not_named_a_cur() -> None:
+    # Found by a fresh user: a TGA written by Pillow was refused as "CUR files are not accepted".
+    for footer, detail in ((True, "TGA files are not accepted; send one of JPEG"), (False, "not an image in a format")):
+        data = _tga(footer)
+        assert data[:4] == b"\x00\x00\x02\x00"
+        with pytest.raises(InvalidImage, match=detail) as refused:
+            decode_image(data, color_mode="RGB", max_pixels=10**6)
+        assert "CUR" not in str(refused.value) and refused.value.status == 415
+    cursor = io.BytesIO()
+    Image.new("RGB", (16, 16)).save(cursor, "ICO")
+    cur = b"\x00\x00\x02\x00" + cursor.getvalue()[4:]  # an ICO's directory with a cursor's type: a CUR
+    with pytest.raises(InvalidImage, match="CUR files are not accepted"):
+        decode_image(cur, color_mode="RGB", max_pixels=10**6)
