@@ -12,6 +12,8 @@ import logging
 import numpy as np
 from PIL import Image
 
+from service.core.errors import InvalidImage
+
 log = logging.getLogger(__name__)
 
 # EXIF orientation (tag 0x0112) -> the transposition that displays the stored pixels, as
@@ -26,7 +28,7 @@ DISPLAY_TRANSPOSE = {
     8: Image.Transpose.ROTATE_90,
 }
 TRANSPOSED_ORIENTATIONS = {5, 6, 7, 8}
-_HIGH_DEPTH_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I", "F"}
+_HIGH_DEPTH_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
 
 
@@ -40,21 +42,58 @@ def orientation(image: Image.Image) -> int:
     return value if isinstance(value, int) and 1 <= value <= 8 else 1
 
 
-def _to_8bit(image: Image.Image) -> Image.Image:
-    """16-bit and 32-bit single-channel modes -> "L" (or "LA" with a tRNS key), rescaled.
+def _sample_bits(image: Image.Image) -> int | None:
+    """The bits per sample the file declares, where its format says (TIFF's tag 258; PNG's deepest is 16)."""
+    if image.format == "PNG":
+        return 16
+    tags = getattr(image, "tag_v2", None)
+    bits = tags.get(258) if tags is not None else None
+    if isinstance(bits, tuple):
+        bits = max(bits, default=None)
+    return bits if isinstance(bits, int) else None
 
-    Pillow's own ``convert("L")`` clips these (every value above 255 turns white). Here
-    integer modes are read as 16-bit (0-65535) and divided by 257 with rounding, so 65535 -> 255
-    and 32768 -> 128; float ("F") images are read as 0.0-1.0.
+
+def check_depth(image: Image.Image, name: str) -> None:
+    """Refuse 32-bit integer and floating-point pixels, from the header, before they are decoded.
+
+    Their range is the file's own convention (a float TIFF may hold 0-1, 0-255 or radiance, an
+    int32 one 0-255 or 0-2**31), so any rescaling to 8 bits would be a guess: a 32-bit TIFF of
+    0-255 values came out nearly black. 1-, 8- and 16-bit images are decoded; Pillow's mode
+    ``"I"`` is taken only where the file declares 16-bit samples (a signed 16-bit TIFF).
+
+    Args:
+        image: the opened file (its header read), with its mode and format.
+        name: the format's name, for the message.
+
+    Raises:
+        InvalidImage: a float ("F") or 32-bit integer ("I", "I;32...") image (415).
     """
-    pixels = np.asarray(image)  # (H, W) uint16 / int32 / float32
-    if image.mode == "F":
-        scaled = np.clip(np.nan_to_num(pixels, nan=0.0), 0.0, 1.0) * 255.0
+    mode = image.mode
+    if mode == "F":
+        kind = "32-bit floating-point"
+    elif mode.startswith("I;32") or (mode == "I" and _sample_bits(image) != 16):
+        kind = "32-bit integer"
     else:
-        scaled = np.clip(pixels, 0, 65535).astype(np.float32) / 257.0
+        return
+    raise InvalidImage(
+        f"the {name} image has {kind} pixels (mode {mode!r}), whose range this server cannot know; "
+        "it decodes 1-, 8- and 16-bit images: convert it to 8 or 16 bits per sample"
+    )
+
+
+def _to_8bit(image: Image.Image) -> Image.Image:
+    """16-bit single-channel modes -> "L" (or "LA" with a tRNS key), rescaled.
+
+    Pillow's own ``convert("L")`` clips these (every value above 255 turns white). Here they
+    are read as 16-bit (0-65535) and divided by 257 with rounding, so 65535 -> 255 and
+    32768 -> 128 (a signed 16-bit TIFF's negative values are 0). 32-bit and float images never
+    get here (:func:`check_depth`).
+    """
+    pixels = np.asarray(image)  # (H, W) uint16, or int32 holding 16-bit values
+    scaled = np.clip(pixels, 0, 65535).astype(np.float32) / 257.0
     gray = Image.fromarray(np.rint(scaled).astype(np.uint8))
     key = image.info.get("transparency")
-    if isinstance(key, int) and image.mode != "F":
+    if isinstance(key, int):
         alpha = Image.fromarray(np.where(pixels == key, 0, 255).astype(np.uint8))
         return Image.merge("LA", (gray, alpha))
     return gray

@@ -309,3 +309,23 @@ def test_reading_a_png_header_decodes_no_pixel_and_its_late_exif_still_turns_it(
     assert (decoded.width, decoded.height) == (20, 30) and decoded.image.size == (20, 30)
     with pytest.raises(RuntimeError, match="decoded already"):
         opened.decode((0, 0, 0))
+
+
+@pytest.mark.parametrize(
+    ("array", "kind", "mode"),
+    [
+        (np.arange(48, dtype=np.int32).reshape(6, 8) * 5, "32-bit integer", "I"),  # 0-235: was nearly black
+        (np.linspace(0, 1, 48, dtype=np.float32).reshape(6, 8), "32-bit floating-point", "F"),  # was read as 0-1
+    ],
+    ids=["int32", "float32"],
+)
+def test_32bit_integer_and_float_tiffs_are_415_naming_the_mode_and_the_depths(array, kind: str, mode: str) -> None:
+    # Found by a fresh user: their range is the file's own convention, so the rescale was a guess.
+    out = io.BytesIO()
+    Image.fromarray(array).save(out, "TIFF")
+    with pytest.raises(InvalidImage, match=f"TIFF image has {kind} pixels \\(mode '{mode}'\\)") as refused:
+        decode_image(out.getvalue(), color_mode="L", max_pixels=10**6)
+    assert "1-, 8- and 16-bit" in str(refused.value) and refused.value.status == 415
+    sixteen = io.BytesIO()
+    Image.fromarray(array.astype(np.uint16) if mode == "I" else (array * 65535).astype(np.uint16)).save(sixteen, "TIFF")
+    assert decode(sixteen.getvalue(), "L").shape == (6, 8)  # the same picture at 16 bits is decoded
