@@ -58,6 +58,19 @@ PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 INFER_RESPONSES = v2_responses(INFER_RESPONSE_SCHEMA, 400, 404, 408, 413, 415, 500, 504, binary=True)
 
 
+_PLACES = {"query": "query parameter", "header": "header", "path": "path parameter"}
+
+
+def _validation_detail(exc: RequestValidationError) -> str:
+    """FastAPI's validation errors, each naming what was wrong, as sent: ``header 'x-request-timeout': ...``."""
+    parts = []
+    for error in exc.errors():
+        place, *name = [str(part) for part in error.get("loc", ())] or ["request"]
+        where = f"{_PLACES[place]} {'.'.join(name)!r}" if place in _PLACES and name else ".".join([place, *name])
+        parts.append(f"{where}: {error.get('msg')}")
+    return "; ".join(parts) or "invalid request"
+
+
 class ProtocolRoute(APIRoute):
     """An ``APIRoute`` whose errors, domain or framework, are rendered as ``{"error": "..."}``."""
 
@@ -70,8 +83,7 @@ class ProtocolRoute(APIRoute):
             except ProblemError as exc:
                 return protocol_error_response(exc.status, exc.detail, exc.headers)
             except RequestValidationError as exc:
-                detail = "; ".join(str(e.get("msg")) for e in exc.errors()) or "invalid request"
-                return protocol_error_response(400, detail)
+                return protocol_error_response(400, _validation_detail(exc))
             except StarletteHTTPException as exc:
                 return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
             except Exception as exc:

@@ -263,12 +263,15 @@ async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> Non
         by_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "0.000001"})
         bad = await client.post(INFER, json=json_request(x, parameters={"timeout": -5}))
         bad_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "soon"})
+        bad_query = await client.post(INFER, json=json_request(x), params={"timeout": "0"})
         metrics = (await client.get("/metrics")).text
     assert_error(expired, 504, "deadline")
     assert generous.status_code == 200
     assert_error(by_header, 504, "deadline")
     assert_error(bad, 400, "timeout")
-    assert_error(bad_header, 400)
+    # Found by a fresh user: the 400 said only "Input should be a valid number" and named nothing.
+    assert_error(bad_header, 400, "header 'x-request-timeout': Input should be a valid number")
+    assert_error(bad_query, 400, "query parameter 'timeout': Input should be greater than 0")
     assert 'patchserve_requests_total{model="vit-digits",outcome="timeout",version="1"}' in metrics
 
 
