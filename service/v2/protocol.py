@@ -225,6 +225,13 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
     )
     parameters = _parameters(entry, f"input {name!r}")
     size = parameters.get("binary_data_size")
+    # Exclusive, as Triton's ValidateInputContentType has it: with both, which one the model ran on
+    # would be the server's silent choice.
+    _require(
+        "binary_data_size" not in parameters or "data" not in entry,
+        f"input {name!r} has both data and parameters.binary_data_size; send exactly one of them "
+        "(JSON data, or binary data after the JSON)",
+    )
     if size is not None:
         _require(
             isinstance(size, int) and not isinstance(size, bool) and size >= 0, f"input {name!r}: bad binary_data_size"

@@ -555,3 +555,19 @@ def test_a_float_beyond_its_datatype_becomes_infinity_without_a_warning() -> Non
         warnings.simplefilter("error")  # numpy's "overflow encountered in cast" would raise
         parsed = parse_infer_request(body, None)
     assert parsed.inputs["x"].tolist() == [np.inf, -np.inf, 0.5]
+
+
+async def test_an_input_with_both_json_data_and_binary_data_size_is_a_400() -> None:
+    # Found by a fresh user: the binary data silently won; Triton refuses the input (set_count != 1).
+    x = digit_tensor(DIGIT_7)
+    raw = x.astype("<f4").tobytes()
+    entry = {"name": "pixel_values", "shape": [1, 1, 8, 8], "datatype": "FP32"}
+    both = {**entry, "data": (x * 0).ravel().tolist(), "parameters": {"binary_data_size": len(raw)}}
+    header = orjson.dumps({"inputs": [both]})
+    async with running_app() as client:
+        response = await client.post(
+            INFER, content=header + raw, headers={"Inference-Header-Content-Length": str(len(header))}
+        )
+        only_binary = await client.post(INFER, content=binary_request(x)[0], headers=binary_request(x)[1])
+    assert_error(response, 400, "input 'pixel_values' has both data and parameters.binary_data_size")
+    assert only_binary.status_code == 200  # either alone is served
