@@ -19,7 +19,6 @@ Request bodies compressed with ``Content-Encoding: gzip`` or ``deflate`` (what t
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import secrets
@@ -32,6 +31,7 @@ import numpy as np
 import orjson
 
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
+from service.v2.literals import load_json, with_literals
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -287,35 +287,6 @@ def _read_output(entry: Any, index: int, binary_default: bool) -> RequestedOutpu
     return RequestedOutput(name, binary, count)
 
 
-_NON_FINITE = re.compile(rb"NaN|Infinity")
-
-
-def _load_json(header: bytes) -> Any:
-    """The JSON object of a request, with Triton's ``NaN``, ``Infinity`` and ``-Infinity`` literals.
-
-    tritonclient sends them for non-finite values in JSON ``data`` and Triton's parser (rapidjson,
-    ``kParseNanAndInfFlag``) reads them; orjson refuses them. orjson reads everything else: only a
-    document it refuses that spells one of them is read again by Python's ``json`` (no larger: the
-    body is already within its cap), then re-encoded by orjson, so that the literals are the only
-    thing accepted beyond what orjson accepts (not lone surrogates, nor integers past 64 bits).
-
-    Raises:
-        BadRequest: not JSON, even with those literals (400).
-    """
-    try:
-        return orjson.loads(header)
-    except orjson.JSONDecodeError as exc:
-        refusal = exc
-    if _NON_FINITE.search(header) is not None:
-        try:
-            document = json.loads(header.decode("utf-8"))  # decoded first: json.loads would guess UTF-16/32
-            orjson.dumps(document)
-            return document
-        except (ValueError, TypeError, RecursionError):  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-            pass
-    raise BadRequest(f"the inference request is not valid JSON: {refusal}") from None
-
-
 def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     """Parse an ``$inference_request`` body (JSON, then any binary tensor data).
 
@@ -332,7 +303,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             or datatype, binary sizes that do not add up, shared-memory tensors (400).
     """
     header, binary = _split_body(body, header_length)
-    document = _load_json(header)
+    document = load_json(header)
     _require(isinstance(document, dict), "the inference request must be a JSON object")
     request_id = document.get("id")
     _require(request_id is None or isinstance(request_id, str), "id must be a string")
@@ -382,28 +353,6 @@ def _json_data(array: np.ndarray) -> Any:
     return np.ascontiguousarray(array.ravel())
 
 
-def _literal_data(array: np.ndarray) -> bytes | None:
-    """A float tensor with non-finite values as a JSON array with Triton's literals, else None.
-
-    Triton writes NaN and infinities in JSON ``data`` as ``NaN``, ``Infinity`` and ``-Infinity``
-    (rapidjson's ``kWriteNanAndInfFlag``), which tritonclient reads back as they were; orjson
-    writes ``null``. Only an output that has such values takes this path: its finite elements are
-    written by orjson (a flat array of numbers, so split at its commas) and the others replaced.
-    """
-    if array.dtype.kind != "f":
-        return None
-    flat = np.ascontiguousarray(array.ravel(), dtype=np.float32 if array.dtype == np.float16 else array.dtype)
-    finite = np.isfinite(flat)
-    if finite.all():
-        return None
-    zeroed = np.where(finite, flat, flat.dtype.type(0))
-    elements = orjson.dumps(zeroed, option=orjson.OPT_SERIALIZE_NUMPY)[1:-1].split(b",")
-    for index in np.flatnonzero(~finite):
-        value = flat[index]
-        elements[index] = b"NaN" if np.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
-    return b"[" + b",".join(elements) + b"]"
-
-
 def encode_infer_response(
     model_name: str, model_version: str, request_id: str | None, outputs: list[OutputTensor]
 ) -> tuple[bytes, dict[str, str]]:
@@ -429,7 +378,7 @@ def encode_infer_response(
             entry["parameters"] = {"binary_data_size": len(chunk)}
             chunks.append(chunk)
         else:
-            literal = _literal_data(output.array)
+            literal = with_literals(output.array)
             if literal is None:
                 entry["data"] = _json_data(output.array)
             else:  # a unique placeholder, replaced by the array once orjson has written the rest
