@@ -42,22 +42,13 @@ from service.core import metrics
 from service.core.errors import BadRequest, RepositoryError
 from service.runtime.control_signal import ControlSignal
 from service.runtime.loading import Loader
-from service.runtime.repository import NAME_PATTERN, VERSION_PATTERN, ModelRepository, ModelVersion
+from service.runtime.repository import NAME_PATTERN, ModelRepository, ModelVersion
+from service.runtime.repository_folder import Fingerprint, Found, fingerprint, scan
 from service.runtime.version_policy import ConfigError, VersionPolicy, read_config
 
 log = logging.getLogger(__name__)
 
 LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"  # Triton's states
-Fingerprint = tuple[int, int, int, int]  # model.json and model.onnx: (size, mtime_ns) each
-
-
-def fingerprint(folder: Path) -> Fingerprint | None:
-    """The sizes and modification times of ``folder``'s model.json and model.onnx; None while either is missing."""
-    try:
-        manifest, graph = (folder / "model.json").stat(), (folder / "model.onnx").stat()
-    except OSError:
-        return None
-    return manifest.st_size, manifest.st_mtime_ns, graph.st_size, graph.st_mtime_ns
 
 
 @dataclass
@@ -68,12 +59,6 @@ class VersionState:
     reason: str = ""
     fingerprint: Fingerprint | None = None  # the files that failed: tried again once they change
     failed: bool = False  # UNAVAILABLE because loading failed (else: unloaded)
-
-
-@dataclass
-class _Found:
-    folder: Path
-    fingerprint: Fingerprint | None  # None: incomplete
 
 
 @dataclass
@@ -104,28 +89,13 @@ class ModelControl:
 
     # What is on disk, and what should serve.
 
-    def scan(self, names: set[str] | None = None) -> dict[str, dict[int, _Found]]:
-        """The version folders under the root (of ``names`` only, if given), complete or not.
+    def scan(self, names: set[str] | None = None) -> dict[str, dict[int, Found]]:
+        """:func:`service.runtime.repository_folder.scan` of the root, warning once per ignored folder.
 
         Raises:
-            OSError: the root or a model folder could not be listed (a folder that vanished while it
-                was scanned, an unmounted volume): the caller changes nothing on a partial view.
+            OSError: as that function (the caller changes nothing on a partial view).
         """
-        found: dict[str, dict[int, _Found]] = {}
-        for model_dir in sorted(self.root.iterdir()):
-            name = model_dir.name
-            if not model_dir.is_dir() or name.startswith(".") or (names is not None and name not in names):
-                continue
-            if not NAME_PATTERN.match(name):
-                self._warn_once(f"{model_dir}: not a valid model name (letters, digits, _ . -); ignored")
-                continue
-            versions = found.setdefault(name, {})
-            for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-                if not VERSION_PATTERN.fullmatch(version_dir.name):
-                    self._warn_once(f"{version_dir}: a version folder must be a number of at most 9 digits; ignored")
-                    continue
-                versions[int(version_dir.name)] = _Found(version_dir, fingerprint(version_dir))
-        return found
+        return scan(self.root, names, self._warn_once)
 
     def _warn_once(self, message: str) -> None:
         if message not in self._warned:
@@ -180,12 +150,12 @@ class ModelControl:
             for name in sorted(targets if names is None else names):
                 await self._sync_model(name, found.get(name, {}), settled=settled, force=force)
 
-    async def _sync_model(self, name: str, found: dict[int, _Found], *, settled: bool, force: bool) -> None:
+    async def _sync_model(self, name: str, found: dict[int, Found], *, settled: bool, force: bool) -> None:
         routed = self.repository.models.get(name, {})
         states = self.states.setdefault(name, {})
         for version in [v for v, s in states.items() if s.state == UNAVAILABLE and v not in found]:
             del states[version]  # its folder went: forget its failure
-        loadable: dict[int, _Found]
+        loadable: dict[int, Found]
         kept: set[int]
         if name in self.unloaded:
             loadable, kept, policy = {}, set(), None
@@ -222,9 +192,9 @@ class ModelControl:
             self.states.pop(name, None)
 
     def _candidates(
-        self, name: str, found: dict[int, _Found], routed: dict[int, ModelVersion], states: dict[int, VersionState],
+        self, name: str, found: dict[int, Found], routed: dict[int, ModelVersion], states: dict[int, VersionState],
         *, settled: bool, force: bool,
-    ) -> tuple[dict[int, _Found], set[int]]:  # fmt: skip
+    ) -> tuple[dict[int, Found], set[int]]:  # fmt: skip
         """(versions that may be loaded now, routed versions kept as they are though their files changed)."""
         loadable, kept = {}, set()
         for version, entry in found.items():
@@ -238,7 +208,7 @@ class ModelControl:
                 kept.add(version)  # still being written, or the rewrite failed: the old files' sessions serve
         return loadable, kept
 
-    async def _load(self, name: str, version: int, found: _Found) -> bool:
+    async def _load(self, name: str, version: int, found: Found) -> bool:
         """Load, check and warm up one version off the event loop, then route it. Returns success."""
         states = self.states.setdefault(name, {})
         states[version] = VersionState(LOADING)
@@ -267,7 +237,7 @@ class ModelControl:
             self._retire(replaced, "")
         return True
 
-    def _load_blocking(self, name: str, version: int, found: _Found, serving: ModelVersion | None) -> ModelVersion:
+    def _load_blocking(self, name: str, version: int, found: Found, serving: ModelVersion | None) -> ModelVersion:
         model = self.loader.load(name, version, found.folder, live=True, serving=serving)
         if not model.runner.providers.ok:
             raise RuntimeError(model.runner.providers.reason)
