@@ -85,6 +85,9 @@ async def test_the_documented_example_works_and_responses_match_their_schemas() 
     jsonschema.validate(bad.json(), problem)
 
 
+CONTROL = {"PATCHSERVE_MODEL_CONTROL_API": "true"}  # off by default: on, so that load and unload are fuzzed too
+
+
 def _schemathesis(url: str, tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
     config = tmp_path / "schemathesis.toml"
     config.write_text(
@@ -113,7 +116,7 @@ def _schemathesis(url: str, tmp_path: Path, *extra: str) -> subprocess.Completed
 
 @pytest.mark.slow
 def test_schemathesis_finds_no_5xx_and_no_response_outside_the_document(tmp_path: Path) -> None:
-    with server_process() as (url, _):
+    with server_process(env=CONTROL) as (url, _):
         result = _schemathesis(url, tmp_path)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     assert "No issues found" in result.stdout
@@ -121,7 +124,8 @@ def test_schemathesis_finds_no_5xx_and_no_response_outside_the_document(tmp_path
 
 @pytest.mark.slow
 def test_schemathesis_with_api_keys(tmp_path: Path) -> None:
-    env = {"PATCHSERVE_API_KEYS": "st-key-1", "PATCHSERVE_AUTH_PUBLIC_PATHS": "/healthz,/readyz,/openapi.json"}
+    public = "/healthz,/readyz,/openapi.json"
+    env = {"PATCHSERVE_API_KEYS": "st-key-1", "PATCHSERVE_AUTH_PUBLIC_PATHS": public, **CONTROL}
     with server_process(env=env) as (url, _):
         result = _schemathesis(url, tmp_path, "--header", "Authorization: Bearer st-key-1", "--max-examples", "20")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
