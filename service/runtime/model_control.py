@@ -181,10 +181,13 @@ class ModelControl:
                 available.discard(version)
                 failed = True
         wanted = policy.select(available) if policy is not None else set()  # failures never displace what serves
-        if failed and routed and not wanted:
-            # A policy that now selects only versions that failed (e.g. "specific: [2]" with a broken
-            # version 2) would otherwise retire what serves and leave nothing: keep it (as Triton does).
-            log.error("model %s: no version its policy selects could be loaded; what serves is unchanged", name)
+        pending = set(found) - available  # folders that failed, or are not complete (or settled) yet
+        if policy is not None and routed and not wanted and policy.select(available | pending):
+            # A policy that selects only versions that cannot serve (e.g. "specific: [2]" with a broken
+            # or half-copied version 2) would retire what serves and leave nothing: keep it, at every
+            # poll, until a version it selects can serve (Triton: a failed load keeps what is loaded).
+            if failed:
+                log.error("model %s: no version its policy selects could be loaded; what serves is unchanged", name)
             wanted = set(routed)
         for version in sorted(set(self.repository.models.get(name, {})) - wanted):
             self._retire(self.repository.remove(name, version), "unloaded" if name in self.unloaded else "")
