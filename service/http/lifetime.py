@@ -93,17 +93,15 @@ async def body_by_deadline(read: Awaitable[T], seconds_left: float) -> T:
         DeadlineExceeded: the request's deadline passed while its body was still arriving (504,
             ``Connection: close``: the rest of the body is never read).
     """
-    async with asyncio.timeout(max(seconds_left, 0.0)) as limit:
-        try:
+    try:
+        async with asyncio.timeout(max(seconds_left, 0.0)):  # 3.11's timeout re-raises an outside cancellation
             return await read
-        except asyncio.CancelledError:
-            if not limit.expired():
-                raise
-    raise DeadlineExceeded(  # reached only when the timeout cancelled the read
-        "the request's deadline passed while its body was still arriving; send it faster, or give it a "
-        "longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)",
-        headers={"Connection": "close"},
-    )
+    except TimeoutError:
+        raise DeadlineExceeded(
+            "the request's deadline passed while its body was still arriving; send it faster, or give it a "
+            "longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)",
+            headers={"Connection": "close"},
+        ) from None
 
 
 def deadline_passed_after_the_body() -> DeadlineExceeded:

@@ -39,10 +39,10 @@ from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 DRAIN_SECONDS = 5.0  # most time spent reading a refused request's body before answering it
-# The least time a read is given: a body that has already arrived is taken even when the app asks
-# for it after the deadline (a busy event loop is not the client's fault). On Python 3.11,
-# asyncio.wait_for with a timeout of 0 cancels the read before it ever runs.
-LEAST_READ_SECONDS = 0.001
+# Reads are bounded with asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for with a timeout
+# of 0 cancels a read before it runs (a body that had long arrived got a 408 when the app reached it
+# late), and wait_for can swallow a cancellation that arrives as the read completes, losing an outer
+# deadline (service.http.lifetime.body_by_deadline). A read that does not have to wait returns at once.
 
 
 @functools.cache
@@ -138,7 +138,8 @@ class AdmissionMiddleware:
         read = 0
         while True:
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), LEAST_READ_SECONDS))
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    message = await receive()
             except TimeoutError:
                 return False
             if message["type"] != "http.request":
@@ -159,7 +160,8 @@ class AdmissionMiddleware:
             if body_done:
                 return await receive()  # e.g. waiting for a disconnect while streaming: no deadline
             try:
-                message = await asyncio.wait_for(receive(), max(deadline - time.monotonic(), LEAST_READ_SECONDS))
+                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                    message = await receive()
             except TimeoutError:
                 raise BodyTimeout(
                     f"the request body was not received within {self.body_timeout:g} s (PATCHSERVE_BODY_TIMEOUT)",

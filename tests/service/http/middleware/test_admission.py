@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -159,3 +160,34 @@ async def test_a_body_still_arriving_at_the_request_deadline_is_a_504_at_the_dea
     assert late.status == 504 and late.headers["connection"] == "close"
     detail = late.body["detail"] if path == CLASSIFY else late.body["error"]
     assert "deadline passed while its body was still arriving" in detail
+
+
+async def test_a_chunk_arriving_with_the_request_deadline_does_not_lose_the_deadline() -> None:
+    # Found in review: on Python 3.11, asyncio.wait_for returns a read that completed in the loop
+    # iteration in which an outer cancellation arrived and swallows the cancellation, so the
+    # request deadline of body_by_deadline was lost and the read went on to the body timeout.
+    from service.core.errors import DeadlineExceeded
+    from service.http.lifetime import body_by_deadline
+    from service.http.middleware.admission import AdmissionMiddleware
+
+    loop = asyncio.get_running_loop()
+    chunks: asyncio.Queue[dict] = asyncio.Queue()
+    receive = AdmissionMiddleware(None, max_in_flight=1, body_timeout=60.0)._with_deadline(chunks.get)
+
+    async def read_body() -> bytes:
+        parts = []
+        while True:
+            message = await receive()
+            parts.append(message["body"])
+            if not message["more_body"]:
+                return b"".join(parts)
+
+    def chunk_then_busy() -> None:  # a chunk arrives just before the deadline, then the loop is busy
+        chunks.put_nowait({"type": "http.request", "body": b"x", "more_body": True})
+        time.sleep(0.02)
+
+    loop.call_later(0.095, chunk_then_busy)
+    rest = loop.call_later(5.0, lambda: chunks.put_nowait({"type": "http.request", "body": b"y", "more_body": False}))
+    with pytest.raises(DeadlineExceeded, match="still arriving"):
+        await body_by_deadline(read_body(), 0.1)
+    rest.cancel()
