@@ -174,7 +174,15 @@ class ShortestEdge(ResizePolicy):
         return (pre.shortest_edge, pre.shortest_edge)
 
     def content_size(self, pre: Preprocessor, width: int, height: int) -> tuple[int, int]:
-        h, w = keep_aspect_size(height, width, pre.shortest_edge, pre.spec.longest_edge)
+        longest = pre.spec.longest_edge
+        h, w = keep_aspect_size(height, width, pre.shortest_edge, longest)
+        if pre.spec.buckets is not None and longest is not None and max(h, w) > longest:
+            # keep_aspect_size leaves a strip whose short side rounds back to itself at its own size
+            # (10x130 at 128/128): its long side then passes longest_edge and no bucket holds it.
+            # With buckets the long side is capped (the Hugging Face processor, which pads to its
+            # batch's largest image, keeps such a strip; here it differs by the cap only).
+            scale = longest / max(h, w)
+            h, w = round(h * scale), round(w * scale)
         return (max(1, w), max(1, h))  # a 1 x 40000 strip would otherwise get a side of 0 pixels
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from service.core import metrics
-from service.core.errors import ProblemError
+from service.core.errors import PayloadTooLarge, ProblemError
 from service.imaging.pixel_budget import PixelBudget
 from service.pipeline.decoding import (
     DecodeLimits,
@@ -38,7 +38,10 @@ async def _submit(
     if x is None:  # decoding failed: the outcome already holds its problem
         return outcome
     try:
-        bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+        try:
+            bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+        except ValueError as exc:  # the manifest's checks make this unreachable; a 413, never a 500
+            raise PayloadTooLarge(f"the image's model input fits none of the model's padding buckets ({exc})") from None
         padding = 0.0
         if bucket is not None:
             padding = 1.0 - x.shape[1] * x.shape[2] / (bucket[0] * bucket[1])

@@ -363,3 +363,21 @@ def test_fit_takes_buckets_that_hold_its_longest_edge_square_and_nothing_else() 
         Preprocessing.model_validate({**base, "buckets": [{"height": 128, "width": 96}]})
     with pytest.raises(ValueError, match="takes only longest_edge"):
         Preprocessing.model_validate({**base, "size": {"height": 8, "width": 8}})
+
+
+def test_with_buckets_every_strip_under_shortest_edge_fits_a_bucket() -> None:
+    # Found in review: keep_aspect_size leaves 10x130 at 128/128 as it is (its short side rounds back
+    # to 10), so the resized-bucket DETR's preprocessing gave no bucket and the request a 500.
+    buckets = [{"height": 96, "width": 128}, {"height": 128, "width": 96}, {"height": 128, "width": 128}]
+    spec = Preprocessing(
+        color_mode="L", resize="shortest_edge", shortest_edge=128, longest_edge=128, mean=[0.0], std=[1.0],
+        buckets=buckets,
+    )  # fmt: skip
+    unbucketed = Preprocessor(spec.model_copy(update={"buckets": None}))
+    assert unbucketed.content_size(130, 10) == (130, 10)  # the Hugging Face arithmetic, kept without buckets
+    preprocess = Preprocessor(spec)
+    assert preprocess.content_size(130, 10) == (128, 10) and preprocess.content_size(1, 255) == (1, 128)
+    for height in range(1, 300, 7):
+        for width in (1, 10, 50, 64, 100, 127, 128, 129, 130, 255, 400, 1200):
+            w, h = preprocess.content_size(width, height)
+            assert max(w, h) <= 128 and spec.bucket_for(h, w) is not None, (width, height)
