@@ -80,7 +80,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-PORT_TAKEN = "address already in use"  # uvicorn's log line when its bind fails (errno 98)
+PORT_TAKEN = "address already in use"  # the server's "cannot listen" line when its port is taken (errno 98)
 
 
 def _launch(python: Path, env: dict[str, str] | None) -> subprocess.Popen:

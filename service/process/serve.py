@@ -172,26 +172,26 @@ def uvicorn_config(settings: Settings) -> ServeConfig:
     )
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A TCP socket bound to ``host``:``port`` (IPv6 when ``host`` has a colon), inheritable by workers.
-
-    uvicorn's own ``Config.bind_socket``, without its ``sys.exit``: the caller says why it stops.
+def check_can_listen(host: str, port: int) -> None:
+    """Bind, then close, a socket on every address ``host`` resolves to (all of them for ``""``), as
+    asyncio's ``create_server`` will bind when uvicorn starts, so a taken port or a bad host stops
+    the start before the models load. uvicorn binds after its lifespan (one worker): without this
+    check the models loaded, "ready" was logged, and only then did the bind fail.
 
     Raises:
-        OSError: the address cannot be bound ("cannot listen on 127.0.0.1:8000: address already in use").
+        OSError: "cannot listen on 127.0.0.1:8000: address already in use" (or why it cannot).
     """
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family=family, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        sock.bind((host, port))
+        addresses = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        for family, kind, proto, _, address in addresses:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                if family == socket.AF_INET6:
+                    probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)  # as create_server does
+                probe.bind(address)
     except OSError as exc:
-        sock.close()
         reason = (exc.strerror or str(exc)).lower()
         raise OSError(f"cannot listen on {host}:{port}: {reason}") from None
-    sock.set_inheritable(True)
-    log.info("listening on http://%s:%d", f"[{host}]" if family == socket.AF_INET6 else host, port)
-    return sock
 
 
 def run(settings: Settings) -> int:
@@ -212,17 +212,17 @@ def run(settings: Settings) -> int:
             return 2
         config = uvicorn_config(settings)
         try:  # before the models load: a taken port fails at once, not after a "ready" line
-            sockets = [listening_socket(settings.host, settings.port)]
+            check_can_listen(settings.host, settings.port)
         except OSError as exc:
             print(f"patchserve: cannot start: {exc}", file=sys.stderr)
             return STARTUP_FAILURE
         if settings.workers == 1:
             server = DrainingServer(config)
-            server.run(sockets=sockets)
+            server.run()
             return 0 if server.started else STARTUP_FAILURE
         # uvicorn's supervisor makes its workers from this module-level name; give it ours.
         multiprocess.Process = _DrainingProcess  # type: ignore[misc]
-        supervisor = _Supervisor(config, sockets=sockets)
+        supervisor = _Supervisor(config, sockets=[config.bind_socket()])
         supervisor.run()
         return STARTUP_FAILURE if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes) else 0
     finally:

@@ -133,5 +133,6 @@ def test_a_taken_port_stops_the_start_at_once_saying_so(monkeypatch: pytest.Monk
             assert serve.run(make_settings(host="127.0.0.1", port=port, workers=workers)) == serve.STARTUP_FAILURE
             err = capsys.readouterr().err
             assert f"patchserve: cannot start: cannot listen on 127.0.0.1:{port}: address already in use" in err
-    with serve.listening_socket("127.0.0.1", 0) as sock:
-        assert sock.get_inheritable() and sock.getsockname()[0] == "127.0.0.1"
+    serve.check_can_listen("127.0.0.1", 0)  # a free port: no error
+    with pytest.raises(OSError, match=r"cannot listen on 300\.1\.1\.1:80"):
+        serve.check_can_listen("300.1.1.1", 80)
