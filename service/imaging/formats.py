@@ -84,12 +84,12 @@ def sniff_format(data: bytes) -> str | None:
     for offset, signature, name in _SIGNATURES:
         if data[offset : offset + len(signature)] == signature:
             return name
+    if data.endswith(_TGA_FOOTER):  # TGA has no leading signature; version 2 files end with this
+        return "TGA"
     # A CUR starts 00 00 02 00 and a count of at least one image; so does an uncompressed TGA
     # without an id or colour map (id length 0, no map, type 2), whose next bytes are zero.
     if data[:4] == b"\x00\x00\x02\x00" and len(data) >= 6 and data[4:6] != b"\x00\x00":
         return "CUR"
-    if data.endswith(_TGA_FOOTER):  # TGA has no leading signature; version 2 files end with this
-        return "TGA"
     head = data[:256].lstrip().lower()
     if head.startswith((b"<svg", b"<?xml")) or b"<svg" in head:
         return "SVG/XML"

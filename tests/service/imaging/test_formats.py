@@ -140,6 +140,10 @@ def test_an_uncompressed_tga_is_not_named_a_cur() -> None:
         with pytest.raises(InvalidImage, match=detail) as refused:
             decode_image(data, color_mode="RGB", max_pixels=10**6)
         assert "CUR" not in str(refused.value) and refused.value.status == 415
+    mapped = _tga(True)
+    mapped = mapped[:4] + b"\x01\x00" + mapped[6:]  # colour-map bytes that look like a CUR's image count
+    with pytest.raises(InvalidImage, match="TGA files are not accepted"):  # the footer decides (found in review)
+        decode_image(mapped, color_mode="RGB", max_pixels=10**6)
     cursor = io.BytesIO()
     Image.new("RGB", (16, 16)).save(cursor, "ICO")
     cur = b"\x00\x00\x02\x00" + cursor.getvalue()[4:]  # an ICO's directory with a cursor's type: a CUR
