@@ -62,6 +62,12 @@ class DETRConfig:
         num_groups: Group DETR's query groups in training (1: plain DETR).
         dn_groups, dn_label_noise, dn_box_noise: DN-DETR's denoising groups in training (0:
             none), label flip probability and box noise scale (0.2 and 0.4 in the paper).
+        fixed_frame: 0: DETR's positions, normalised by each image's valid extent. F > 0: the
+            transformer works in a fixed frame of F x F input pixels (its position encoding is
+            normalised by F, and the box head predicts in units of F), and the boxes are then
+            divided by the image's valid extent measured from ``pixel_mask``, so the outputs
+            keep DETR's convention. Where images differ in size, the network then need not
+            infer each image's extent to turn what it sees in pixels into normalised boxes.
     """
 
     num_classes: int = 91
@@ -84,6 +90,7 @@ class DETRConfig:
     dn_groups: int = 0
     dn_label_noise: float = 0.2
     dn_box_noise: float = 0.4
+    fixed_frame: int = 0
 
 
 FOCAL_PRIOR = 0.01  # Lin et al. 2017, Sec. 4.1: every class starts at probability ~0.01
@@ -144,7 +151,10 @@ class DETR(nn.Module):
 
     The mask is downsampled to the feature map (nearest, as DETR's ``NestedTensor``); the
     position encoding is normalised by each image's valid extent and no attention reads a
-    padded position (Carion et al. 2020, Sec. 4). The transformer then cannot tell how much
+    padded position (Carion et al. 2020, Sec. 4). With ``fixed_frame`` F the encoding and the
+    box head's raw output are in units of F pixels instead, and the boxes are converted to
+    the image's valid extent (its rows and columns holding a 1 in ``pixel_mask``; the whole
+    input without one) in the graph. The transformer then cannot tell how much
     padding an image got, so with a mask the boxes are relative to the unpadded image, as in
     DETR's own training (targets normalised before batch padding; Massa in facebookresearch/detr
     issue 286); without a mask, relative to the whole input (a letterboxed input's padding
@@ -210,14 +220,20 @@ class DETR(nn.Module):
         if pixel_mask is not None:
             valid = F.interpolate(pixel_mask[:, None].to(src.dtype), size=src.shape[-2:], mode="nearest")[:, 0]
             mask = valid < 0.5  # (B, H', W') True on padding
-        pos = self.position_encoding(src, mask).to(src.dtype)  # (B, d, H', W')
+        frame = self._frame(images, pixel_mask)  # (B, 4) extent / frame, or None
+        extent = None
+        if frame is not None:  # the frame in cells of the map: F / stride, for every image
+            extent = torch.full((src.shape[0], 2), self.config.fixed_frame / self.backbone.stride)
+        pos = self.position_encoding(src, mask, extent).to(src.dtype)  # (B, d, H', W')
         queries, query_mask = self.queries()  # (Q, d), (Q, Q) or None
         tgt, dn = None, None
         if self.training and self.config.dn_groups and targets is not None:
-            queries, query_mask, tgt, dn = self._with_denoising(queries, query_mask, targets, src.shape[0])
+            queries, query_mask, tgt, dn = self._with_denoising(queries, query_mask, targets, src.shape[0], frame)
         hs = self.transformer(src, queries, pos, mask, query_mask, tgt)  # (L, B, Q [+ P M], d)
         logits = self.class_embed(hs)  # (L, B, Q, num_classes + 1), or num_classes for "sigmoid"
-        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, Q, 4) normalised cxcywh
+        boxes = self.bbox_embed(hs).sigmoid()  # (L, B, Q, 4) normalised cxcywh (of the frame, with one)
+        if frame is not None:
+            boxes = boxes / frame[None, :, None, :]  # relative to each image's valid extent
         if dn is not None:  # the denoising queries come after the matching ones
             q = logits.shape[2] - dn["labels"].shape[1]
             dn.update(self._outputs(logits[:, :, q:], boxes[:, :, q:]))
@@ -226,6 +242,20 @@ class DETR(nn.Module):
         if dn is not None:
             out["dn"] = dn
         return out
+
+    def _frame(self, images: torch.Tensor, pixel_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """With ``fixed_frame`` F: float (B, 4), each image's valid (w, h, w, h) over F, the
+        factor from a box relative to the image to one in units of the frame; None without."""
+        if not self.config.fixed_frame:
+            return None
+        if pixel_mask is None:
+            height, width = (torch.full((images.shape[0],), float(v)) for v in images.shape[-2:])
+        else:
+            valid = pixel_mask > 0
+            height = valid.any(dim=2).sum(dim=1).to(torch.float32)  # rows holding a real pixel
+            width = valid.any(dim=1).sum(dim=1).to(torch.float32)
+        size = torch.stack([width, height, width, height], dim=1)
+        return size / self.config.fixed_frame
 
     def _outputs(self, logits: torch.Tensor, boxes: torch.Tensor) -> dict[str, Any]:
         """Per-layer logits and boxes (L, B, Q, .) -> the last layer's, and the others as ``aux_outputs``."""
@@ -237,15 +267,22 @@ class DETR(nn.Module):
         return out
 
     def _with_denoising(
-        self, queries: torch.Tensor, query_mask: torch.Tensor | None, targets: list, batch: int
+        self,
+        queries: torch.Tensor,
+        query_mask: torch.Tensor | None,
+        targets: list,
+        batch: int,
+        frame: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, Any]]:
         """The matching queries with DN-DETR's denoising queries appended: positions (B, Q + P M, d),
-        the attention mask, the initial content (zeros for the matching ones) and the denoising meta."""
+        the attention mask, the initial content (zeros for the matching ones) and the denoising meta.
+        ``frame``: as :meth:`_frame`'s; the noised boxes are then given to the network in the frame's units."""
         from models.denoising import attention_mask, noised_queries
 
         c = self.config
         dn = noised_queries(targets, c.dn_groups, c.num_classes, label_noise=c.dn_label_noise, box_noise=c.dn_box_noise)
-        positions = self.dn_box_embed(dn["boxes"])  # (B, P M, d)
+        noised = dn["boxes"] if frame is None else dn["boxes"] * frame[:, None, :]
+        positions = self.dn_box_embed(noised)  # (B, P M, d)
         content = self.dn_label_embed(dn["labels"])  # (B, P M, d)
         n = queries.shape[0]
         matching = query_mask if query_mask is not None else torch.ones(n, n, dtype=torch.bool)

@@ -28,7 +28,12 @@ issue 18 item 4, so that the chosen one is the one retrain both issues need):
   (``resized-bucket`` inputs), because ``baseline`` lost to the letterbox on AP75 and the
   letterbox had enlarged every canvas (docs/detr-recipe.md);
 * ``resized-focal-100q-dn5-6dec-long``: the levers together on resized canvases: focal loss,
-  100 queries, 5 denoising groups, 6 decoder layers, the 2x schedule.
+  100 queries, 5 denoising groups, 6 decoder layers, the 2x schedule;
+* ``resized-frame``: ``resized`` with ``fixed_frame=128`` (:class:`models.detr.DETRConfig`):
+  positions and raw boxes in units of a fixed 128-pixel frame, rescaled to each image's extent
+  in the graph, because ``baseline``'s boxes grew with the canvas's width (its box widths 1.00x
+  the truth on 60-80 px wide canvases, 1.09x on 112-128: docs/detr-recipe.md): the network
+  could not tell a canvas's extent to normalise by.
 
 The choice (:func:`choose`) is made on the **validation** split, by the duplicate rate first:
 of the recipes with duplicates on fewer than ``DUPLICATE_BAR`` of val canvases, the highest val
@@ -71,6 +76,7 @@ RECIPES: dict[str, dict[str, Any]] = {
         "overrides": {"num_queries": 100, "num_decoder_layers": 6, "dn_groups": 5},
         **LONG,
     },
+    "resized-frame": {**RESIZED, "overrides": {"fixed_frame": 128}},
 }
 # A run small enough to test the runner: seconds, not hours.
 SMOKE = {

@@ -39,7 +39,9 @@ class PositionEmbeddingSine(nn.Module):
         self.normalize = normalize
         self.scale = scale
 
-    def forward(self, features: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, features: torch.Tensor, mask: torch.Tensor | None = None, extent: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The encoding of a feature map, float32 (B, 2 * num_pos_feats, H, W).
 
         Args:
@@ -47,6 +49,10 @@ class PositionEmbeddingSine(nn.Module):
             mask: bool (B, H, W), True on padding (DETR's convention); None: all valid. The
                 valid region must be a top-left rectangle (padding bottom and right), as the
                 server pads.
+            extent: float (B, 2), what positions are normalised by, (rows, columns) in cells
+                of this map, per image; None: DETR's, each image's valid extent (the last
+                valid row and column are at ``scale``). A fixed frame of F pixels at stride s
+                is ``F / s`` for every image (:class:`models.detr.DETR`'s ``fixed_frame``).
 
         Channels ``[0, num_pos_feats)`` encode the row (y), the rest the column (x), each as
         (sin f0, cos f0, sin f1, cos f1, ...). Padded positions get values too (the attention
@@ -60,7 +66,10 @@ class PositionEmbeddingSine(nn.Module):
             valid = (~mask).to(torch.float32)
         y_embed = valid.cumsum(1)  # (B, H, W): 1, 2, ... down each valid column
         x_embed = valid.cumsum(2)
-        if self.normalize:
+        if self.normalize and extent is not None:
+            y_embed = y_embed / extent[:, 0, None, None] * self.scale
+            x_embed = x_embed / extent[:, 1, None, None] * self.scale
+        elif self.normalize:
             eps = 1e-6
             y_embed = y_embed / (y_embed[:, -1:, :] + eps) * self.scale  # the last valid row is at ~2 pi
             x_embed = x_embed / (x_embed[:, :, -1:] + eps) * self.scale

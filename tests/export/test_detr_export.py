@@ -173,3 +173,28 @@ def test_a_bucketed_focal_detr_checkpoint_exports_with_a_pixel_mask_and_serves_o
     response = asyncio.run(detect())
     assert response.status_code == 200, response.text
     assert len(response.json()["detections"]) == 5 and "pad;dur=" in response.headers["server-timing"]
+
+
+def test_a_fixed_frame_detr_exports_with_parity_and_its_boxes_ignore_the_bucket(tmp_path) -> None:
+    """fixed_frame (issue 21's resized-frame recipe): the valid extent is measured from pixel_mask in
+    the graph, so ONNX Runtime gives an image the same boxes in its own bucket and in a larger one."""
+    import numpy as np
+    import onnxruntime as ort
+
+    from export.checkpoint import export_checkpoint
+
+    tiny_run(tmp_path / "run", inputs="resized-bucket", overrides={"fixed_frame": 128})
+    out = tmp_path / "repository" / "detr-framed" / "1"
+    manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", out, opset=18)
+    assert manifest.pixel_mask == "pixel_mask" and manifest.preprocessing.resize == "shortest_edge"
+    assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    image = np.random.default_rng(0).random((1, 1, 128, 96), dtype=np.float32)
+    boxes = []
+    for width in (96, 128):
+        padded = np.zeros((1, 1, 128, width), np.float32)
+        padded[..., :96] = image
+        mask = np.zeros((1, 128, width), np.int64)
+        mask[..., :96] = 1
+        boxes.append(session.run(["pred_boxes"], {"pixel_values": padded, "pixel_mask": mask})[0])
+    np.testing.assert_allclose(boxes[1], boxes[0], atol=1e-3)

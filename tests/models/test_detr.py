@@ -237,3 +237,60 @@ def test_config_overrides_parse_to_the_fields_types() -> None:
         parse_overrides(["num_querys=100"])
     with pytest.raises(ValueError, match="FIELD=VALUE"):
         parse_overrides(["num_queries"])
+
+
+def test_a_fixed_frame_is_detrs_own_on_an_unpadded_input_of_the_frames_size() -> None:
+    """fixed_frame=128 on a 128x128 input without padding: frame and valid extent are the same."""
+    torch.manual_seed(0)
+    plain = build("digits-small").eval()
+    framed = build("digits-small", fixed_frame=128).eval()
+    framed.load_state_dict(plain.state_dict())
+    x = torch.randn(2, 1, 128, 128)
+    with torch.no_grad():
+        a, b = plain(x), framed(x, torch.ones(2, 128, 128, dtype=torch.int64))
+    torch.testing.assert_close(a["pred_boxes"], b["pred_boxes"], atol=1e-6, rtol=0)
+    torch.testing.assert_close(a["pred_logits"], b["pred_logits"], atol=1e-5, rtol=0)
+
+
+def test_a_fixed_frame_encodes_positions_in_frame_units_and_rescales_boxes_to_the_image() -> None:
+    """With fixed_frame F the encoding's cell i sits at i * stride / F * 2 pi whatever the image's
+    extent, and a box the head puts at frame units b comes out as b * F / extent of the image."""
+    encode = PositionEmbeddingSine(num_pos_feats=4)
+    mask = torch.ones(1, 5, 8, dtype=torch.bool)
+    mask[:, :3, :6] = False  # 3x6 valid cells at the top left
+    pos = encode(torch.zeros(1, 1, 5, 8), mask, extent=torch.tensor([[8.0, 8.0]]))  # F / stride = 8 cells
+    row, col = 2, 5
+    assert pos[0, 0, row, col].item() == pytest.approx(math.sin((row + 1) / 8 * 2 * math.pi), abs=1e-6)
+    assert pos[0, 4, row, col].item() == pytest.approx(math.sin((col + 1) / 8 * 2 * math.pi), abs=1e-6)
+
+    torch.manual_seed(0)
+    framed = build("digits-small", fixed_frame=128).eval()
+    image = torch.randn(1, 1, 128, 80)
+    padded = torch.zeros(1, 1, 128, 128)
+    padded[..., :80] = image
+    mask = torch.zeros(1, 128, 128, dtype=torch.int64)
+    mask[..., :80] = 1
+    raw = {}
+    framed.bbox_embed.register_forward_hook(lambda module, args, out: raw.update(boxes=out.sigmoid()[-1]))
+    with torch.no_grad():
+        boxes = framed(padded, mask)["pred_boxes"]
+    expected = raw["boxes"] * torch.tensor([128 / 80, 1.0, 128 / 80, 1.0])  # x and width over 80 px, not 128
+    torch.testing.assert_close(boxes, expected, atol=1e-6, rtol=0)
+
+
+def test_a_fixed_frame_gives_an_image_the_same_boxes_in_any_bucket() -> None:
+    """The valid extent comes from the mask, so the padding never scales a box (issue 18, item 3)."""
+    torch.manual_seed(0)
+    framed = build("digits-small", fixed_frame=128).eval()
+    image = torch.randn(1, 1, 96, 80)
+    outputs = []
+    for height, width in ((96, 80), (96, 96), (128, 128)):
+        padded = torch.zeros(1, 1, height, width)
+        padded[..., :96, :80] = image
+        mask = torch.zeros(1, height, width, dtype=torch.int64)
+        mask[..., :96, :80] = 1
+        with torch.no_grad():
+            outputs.append(framed(padded, mask)["pred_boxes"])
+    # Only the backbone's convolutions see the padding (its zeros after batch norm): DETR's own tolerance.
+    for other in outputs[1:]:
+        torch.testing.assert_close(other, outputs[0], atol=1e-3, rtol=0)
