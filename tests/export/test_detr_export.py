@@ -184,6 +184,7 @@ def test_a_fixed_frame_detr_exports_with_parity_and_its_boxes_ignore_the_bucket(
     from export.checkpoint import export_checkpoint
 
     tiny_run(tmp_path / "run", inputs="resized-bucket", overrides={"fixed_frame": 128})
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["config"]["fixed_frame"] == 128
     out = tmp_path / "repository" / "detr-framed" / "1"
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", out, opset=18)
     assert manifest.pixel_mask == "pixel_mask" and manifest.preprocessing.resize == "shortest_edge"
