@@ -3,8 +3,9 @@
 Each image's header is read first (the JPEG and PNG pre-scan included), its decoded pixels
 checked against the request's total and reserved from the worker's budget, then it is decoded
 and preprocessed; a request's only image does all of it in one trip to the pool
-(:func:`decode_alone`), several images in two (:func:`probe_one`, then :func:`decode_one`), so
-that the request's total is checked in request order before any is decoded.
+(:func:`decode_alone`), and its model run too when the batcher is idle
+(:mod:`service.batching.alone`); several images take two trips (:func:`probe_one`, then
+:func:`decode_one`), so that the request's total is checked in request order before any is decoded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from service.batching.alone import Claim
 from service.batching.config import InferenceResult
 from service.core import metrics, tracing
 from service.core.errors import (
@@ -32,6 +34,7 @@ from service.imaging.images import DecodedImage, OpenedImage, decode_image, open
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.preprocess import Preprocessor
 from service.imaging.prescan import PrescanLimits
+from service.pipeline.alone import Ran, runs, until_ran
 from service.runtime.repository import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -207,22 +210,25 @@ def _open_and_decode(
     budget: PixelBudget | None,
     held: list[int],
     keep_image: bool,
-) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None]:
-    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode.
+    then: Callable[[np.ndarray], Ran] | None = None,
+) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None, Ran | None]:
+    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode (and run).
 
     The decode follows at once when the image fits the request's pixel limit and its pixels fit
     the ``budget`` now (:meth:`PixelBudget.try_acquire`; they are then in ``held[0]``, for the
     loop to give back); else the second part is None and the loop takes the opened file on
-    (the 413, or a wait for room) as a request of several images does.
+    (the 413, or a wait for room) as a request of several images does. ``then``: what runs the
+    decoded (C, H, W) input on a claimed runner (:func:`service.pipeline.alone.runs`): the third part.
     """
     opened = _probe(model, data, max_pixels, limits.prescan)
     if opened.pixels > limits.max_request_pixels:
-        return opened, None
+        return opened, None, None
     if budget is not None:
         if not budget.try_acquire(opened.pixels):
-            return opened, None
+            return opened, None, None
         held[0] = opened.pixels
-    return opened, _decode_and_preprocess(model, opened, max_pixels, keep_image)
+    decoded, x = _decode_and_preprocess(model, opened, max_pixels, keep_image)
+    return opened, (decoded, x), None if then is None else then(x)
 
 
 async def decode_alone(
@@ -235,20 +241,33 @@ async def decode_alone(
     budget: PixelBudget | None,
     deadline: float,
     keep_image: bool,
+    claim: Claim | None = None,
 ) -> tuple[ImageOutcome, np.ndarray | None]:
     """A request's only image, read and decoded in one trip to the pool (:func:`_open_and_decode`).
 
     The same checks in the same order as :func:`probe_one` then :func:`decode_one`, which it
     falls back to when the image must wait for decoding room or is refused for its size; one
-    hand-off to the pool and back instead of two (issue 14, item 4).
+    hand-off to the pool and back instead of two (issue 14, item 4). With the batcher's
+    ``claim`` (:meth:`~service.batching.batcher.Batcher.claim_alone`), the same trip runs the
+    model: the outcome then holds the result (or the run's error) and no input is returned. The
+    claim's runner is given back when the trip ends; a request that stops waiting first (its
+    deadline while decoding: 504; the client gone: cancelled) abandons the run before it starts.
     """
     started = time.perf_counter()
     held = [0]
+    then = None if claim is None else runs(model, claim, deadline, started)
     try:
         with tracing.decoding():
-            future = asyncio.get_running_loop().run_in_executor(
-                pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image
-            )
+            try:
+                future = asyncio.get_running_loop().run_in_executor(
+                    pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image, then
+                )
+            except BaseException:
+                if claim is not None:
+                    claim.give_back()
+                raise
+            if claim is not None:
+                future.add_done_callback(lambda _: claim.give_back())
             if budget is not None:
                 pixels_budget = budget  # narrowed for the callback
 
@@ -257,12 +276,15 @@ async def decode_alone(
                         pixels_budget.release(held[0])
 
                 future.add_done_callback(give_back)
-            opened, done = await _until(deadline, model.batcher.clock.now, future, "decoded")
+            waiting = _until(deadline, model.batcher.clock.now, future, "decoded")
+            opened, done, ran = await until_ran(claim, future, waiting)
     except ProblemError as exc:
         return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
     except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
         error = _our_fault(model, work.index, exc)
         return ImageOutcome(work.index, None, None, error, time.perf_counter() - started), None
+    if claim is not None:
+        claim.give_back()  # its trip has ended (and the callback would give it back soon)
     if done is None:  # too large for the request, or no room now: the two-step path takes it on
         work.opened, work.pixels, work.seconds = opened, opened.pixels, time.perf_counter() - started
         within_request_budget([work], limits.max_request_pixels)
@@ -271,9 +293,13 @@ async def decode_alone(
             keep_image=keep_image,
         )  # fmt: skip
     decoded, x = done
-    decode_seconds = time.perf_counter() - started
+    decode_seconds = time.perf_counter() - started if ran is None else ran.decode_seconds
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
-    return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
+    if ran is None:
+        return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
+    if isinstance(ran.result, ProblemError):
+        return ImageOutcome(work.index, decoded, None, ran.result, decode_seconds), None
+    return ImageOutcome(work.index, decoded, ran.result, None, decode_seconds, ran.padding), None
 
 
 def within_request_budget(works: list[Work], max_request_pixels: int) -> None:

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from service.core import metrics
-from service.core.errors import PayloadTooLarge, ProblemError
+from service.core.errors import ProblemError
 from service.imaging.pixel_budget import PixelBudget
+from service.pipeline.alone import bucket_of
 from service.pipeline.decoding import (
     DecodeLimits,
     ImageOutcome,
@@ -38,14 +38,7 @@ async def _submit(
     if x is None:  # decoding failed: the outcome already holds its problem
         return outcome
     try:
-        try:
-            bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
-        except ValueError as exc:  # the manifest's checks make this unreachable; a 413, never a 500
-            raise PayloadTooLarge(f"the image's model input fits none of the model's padding buckets ({exc})") from None
-        padding = 0.0
-        if bucket is not None:
-            padding = 1.0 - x.shape[1] * x.shape[2] / (bucket[0] * bucket[1])
-            metrics.PADDING_FRACTION.labels(model.name, str(model.version)).observe(padding)
+        bucket, padding = bucket_of(model, x)
         result = await model.batcher.submit(x, deadline=deadline, bucket=bucket)
     except ProblemError as exc:
         return dataclasses.replace(outcome, error=exc)
@@ -106,12 +99,14 @@ async def infer_images(
     slots = asyncio.Semaphore(decode_parallelism)
     works = [Work(i, data) for i, data in enumerate(payloads)]
     decode_deadline = deadline if deadline is not None else model.batcher.deadline()
+    # a lone image arriving at an idle batcher is decoded and run in one trip (service.batching.alone)
+    claim = model.batcher.claim_alone() if len(works) == 1 else None
     with model.batcher.arriving(len(payloads)):  # on their way: no lone input ahead of them takes the wide runner
         if len(works) == 1:  # the common case: one trip to the pool
             decoded = [
                 await decode_alone(
                     model, works[0], pool, max_pixels, limits, budget=budget, deadline=decode_deadline,
-                    keep_image=keep_images,
+                    keep_image=keep_images, claim=claim,
                 )
             ]  # fmt: skip
         else:
