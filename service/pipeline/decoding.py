@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -51,6 +52,8 @@ class ImageOutcome:
         error: the problem to report for this image (None on success).
         decode_seconds: time spent decoding and preprocessing, in seconds.
         padding: the fraction of its bucket's pixels that were padding (0: no bucket, or none).
+        fields: the task's response fields, when its decode thread ran it and computed them
+            (:func:`decode_alone`); None: computed when the response is built.
     """
 
     index: int
@@ -59,6 +62,7 @@ class ImageOutcome:
     error: ProblemError | None
     decode_seconds: float
     padding: float = 0.0
+    fields: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -210,15 +214,15 @@ def _open_and_decode(
     budget: PixelBudget | None,
     held: list[int],
     keep_image: bool,
-    then: Callable[[np.ndarray], Ran] | None = None,
-) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None, Ran | None]:
+    then: Callable[[DecodedImage, np.ndarray], ImageOutcome] | None = None,
+) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None, ImageOutcome | None]:
     """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode (and run).
 
     The decode follows at once when the image fits the request's pixel limit and its pixels fit
     the ``budget`` now (:meth:`PixelBudget.try_acquire`; they are then in ``held[0]``, for the
     loop to give back); else the second part is None and the loop takes the opened file on
     (the 413, or a wait for room) as a request of several images does. ``then``: what runs the
-    decoded (C, H, W) input on a claimed runner (:func:`service.pipeline.alone.runs`): the third part.
+    decoded (C, H, W) input on a claimed runner (:func:`_answered`): the image's outcome, the third part.
     """
     opened = _probe(model, data, max_pixels, limits.prescan)
     if opened.pixels > limits.max_request_pixels:
@@ -228,7 +232,30 @@ def _open_and_decode(
             return opened, None, None
         held[0] = opened.pixels
     decoded, x = _decode_and_preprocess(model, opened, max_pixels, keep_image)
-    return opened, (decoded, x), None if then is None else then(x)
+    return opened, (decoded, x), None if then is None else then(decoded, x)
+
+
+def _answered(
+    model: ModelVersion, index: int, run: Callable[[np.ndarray], Ran], fields: Callable[[ImageOutcome], Any] | None
+) -> Callable[[DecodedImage, np.ndarray], ImageOutcome]:
+    """What the decode thread does with a decoded image on a claimed runner: ``run`` it, and its outcome's ``fields``.
+
+    A ``fields`` that raises is left to the loop, which computes them again (and answers its error) as ever.
+    """
+    decode_duration = metrics.DECODE_DURATION.labels(model.name, str(model.version))
+
+    def answer(decoded: DecodedImage, x: np.ndarray) -> ImageOutcome:
+        ran = run(x)  # (C, H, W) float32
+        decode_duration.observe(ran.decode_seconds)
+        if isinstance(ran.result, ProblemError):
+            return ImageOutcome(index, decoded, None, ran.result, ran.decode_seconds)
+        outcome = ImageOutcome(index, decoded, ran.result, None, ran.decode_seconds, ran.padding)
+        try:
+            return outcome if fields is None else dataclasses.replace(outcome, fields=fields(outcome))
+        except Exception:
+            return outcome
+
+    return answer
 
 
 async def decode_alone(
@@ -242,6 +269,7 @@ async def decode_alone(
     deadline: float,
     keep_image: bool,
     claim: Claim | None = None,
+    fields: Callable[[ImageOutcome], dict[str, Any]] | None = None,
 ) -> tuple[ImageOutcome, np.ndarray | None]:
     """A request's only image, read and decoded in one trip to the pool (:func:`_open_and_decode`).
 
@@ -249,13 +277,14 @@ async def decode_alone(
     falls back to when the image must wait for decoding room or is refused for its size; one
     hand-off to the pool and back instead of two (issue 14, item 4). With the batcher's
     ``claim`` (:meth:`~service.batching.batcher.Batcher.claim_alone`), the same trip runs the
-    model: the outcome then holds the result (or the run's error) and no input is returned. The
+    model: the outcome then holds the result (or the run's error), the task's ``fields`` of it
+    when they could be computed there, and no input is returned. The
     claim's runner is given back when the trip ends; a request that stops waiting first (its
     deadline while decoding: 504; the client gone: cancelled) abandons the run before it starts.
     """
     started = time.perf_counter()
     held = [0]
-    then = None if claim is None else runs(model, claim, deadline, started)
+    then = None if claim is None else _answered(model, work.index, runs(model, claim, deadline, started), fields)
     try:
         with tracing.decoding():
             try:
@@ -277,7 +306,7 @@ async def decode_alone(
 
                 future.add_done_callback(give_back)
             waiting = _until(deadline, model.batcher.clock.now, future, "decoded")
-            opened, done, ran = await until_ran(claim, future, waiting)
+            opened, done, answered = await until_ran(claim, future, waiting)
     except ProblemError as exc:
         return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
     except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
@@ -292,14 +321,12 @@ async def decode_alone(
             model, work, pool, max_pixels, asyncio.Semaphore(1), budget=budget, deadline=deadline,
             keep_image=keep_image,
         )  # fmt: skip
+    if answered is not None:
+        return answered, None
     decoded, x = done
-    decode_seconds = time.perf_counter() - started if ran is None else ran.decode_seconds
+    decode_seconds = time.perf_counter() - started
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
-    if ran is None:
-        return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
-    if isinstance(ran.result, ProblemError):
-        return ImageOutcome(work.index, decoded, None, ran.result, decode_seconds), None
-    return ImageOutcome(work.index, decoded, ran.result, None, decode_seconds, ran.padding), None
+    return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
 
 
 def within_request_budget(works: list[Work], max_request_pixels: int) -> None:

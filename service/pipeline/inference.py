@@ -56,6 +56,7 @@ async def infer_images(
     limits: DecodeLimits | None = None,
     budget: PixelBudget | None = None,
     keep_images: bool = False,
+    fields: Callable[[ImageOutcome], dict[str, Any]] | None = None,
 ) -> list[ImageOutcome]:
     """Decode, preprocess and run every image of one request.
 
@@ -86,6 +87,8 @@ async def infer_images(
         limits: the pre-scan's and the request's pixel limits (default :class:`DecodeLimits`).
         budget: the worker's decoded-pixel budget (None: no budget).
         keep_images: keep each outcome's decoded picture (``image.image``); else it is None.
+        fields: the task's response fields of a successful outcome (:meth:`service.tasks.Task.fields`),
+            computed in the decode thread when a lone image runs there (off the event loop).
 
     Returns:
         One outcome per payload, in request order; an image's own errors are in its outcome.
@@ -106,7 +109,7 @@ async def infer_images(
             decoded = [
                 await decode_alone(
                     model, works[0], pool, max_pixels, limits, budget=budget, deadline=decode_deadline,
-                    keep_image=keep_images, claim=claim,
+                    keep_image=keep_images, claim=claim, fields=fields,
                 )
             ]  # fmt: skip
         else:
@@ -138,7 +141,7 @@ def response_body(
 
     Args:
         render: builds the task's fields of one successful outcome
-            (:meth:`service.tasks.Task.fields`).
+            (:meth:`service.tasks.Task.fields`), unless its ``fields`` were computed already.
 
     Raises:
         ProblemError: a single-image request whose image failed (its own status code).
@@ -152,7 +155,7 @@ def response_body(
             "model": model.name,
             "version": str(model.version),
             "image": {"width": outcome.image.width, "height": outcome.image.height},
-            **render(outcome),
+            **(render(outcome) if outcome.fields is None else outcome.fields),
         }
 
     if len(outcomes) == 1:

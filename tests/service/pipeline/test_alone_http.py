@@ -13,6 +13,7 @@ import pytest
 
 from service.pipeline import decoding
 from service.runtime.sessions import OrtRunner
+from service.tasks.classification import Classification
 from tests.conftest import running_app
 from tests.service.batching.fakes import ManualClock
 from tests.service.helpers import asgi_post, sample
@@ -136,3 +137,30 @@ async def test_a_lone_image_whose_client_left_while_it_was_decoded_is_never_run(
     assert runner.calls == [] and sent[0]["status"] == 499
     assert grew(before, after, "patchserve_requests_total", outcome="cancelled") == 1
     assert grew(before, after, "patchserve_batches_total", reason="idle") == 0
+
+
+async def test_a_lone_images_fields_are_computed_in_its_decode_thread_and_on_the_loop_if_they_raise_there(
+    digits_test_split, monkeypatch
+) -> None:
+    threads: list[str] = []
+    original = Classification.fields
+
+    def fields(self, model, outcome, params):
+        threads.append(threading.current_thread().name)
+        if fail_in_thread and threads[-1].startswith("decode"):
+            raise RuntimeError("not here")
+        return original(self, model, outcome, params)
+
+    monkeypatch.setattr(Classification, "fields", fields)
+    (png,) = one_of_each(digits_test_split, range(1))
+    async with running_app() as client:
+        fail_in_thread = False
+        quick = await client.post(CLASSIFY, files={"image": png}, params={"top_k": 2})
+        in_thread = list(threads)
+        threads.clear()
+        fail_in_thread = True
+        again = await client.post(CLASSIFY, files={"image": png}, params={"top_k": 2})
+    assert len(in_thread) == 1 and in_thread[0].startswith("decode")  # computed once, off the loop
+    assert len(threads) == 2 and threads[0].startswith("decode") and not threads[1].startswith("decode")
+    assert quick.status_code == again.status_code == 200 and quick.json() == again.json()
+    assert [p["label"] for p in quick.json()["predictions"]][:1] == ["0"] and len(quick.json()["predictions"]) == 2
