@@ -100,7 +100,9 @@ class Claim:
                 raise DeadlineExceeded(f"model {self._records.name}: the request's deadline passed before it ran")
             if not self._alive():
                 self._state = _ABANDONED
-                raise Unavailable(f"model {self._records.name}: its batching loop stopped before this request ran")
+                raise Unavailable(
+                    f"model {self._records.name}: its batching loop stopped before this request ran; see /readyz"
+                )
             self._state = _RUNNING
         self._records.released(IDLE, 1, 0.0, 0)
         started = self._clock.now()
