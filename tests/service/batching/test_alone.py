@@ -27,10 +27,10 @@ from tests.service.batching.fakes import (
     released,
     result,
     running,
+    running_instances,
     settle,
     until,
 )
-from tests.service.batching.test_batcher_instances import running as running_instances
 
 pytestmark = pytest.mark.anyio
 
