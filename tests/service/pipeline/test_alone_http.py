@@ -11,13 +11,20 @@ import threading
 
 import pytest
 
-from service.pipeline import decoding
 from service.runtime.sessions import OrtRunner
 from service.tasks.classification import Classification
 from tests.conftest import running_app
 from tests.service.batching.fakes import ManualClock
 from tests.service.helpers import asgi_post, sample
-from tests.service.pipeline.recorded_runner import CLASSIFY, HANG_GUARD, RecordedRunner, one_of_each, until
+from tests.service.pipeline.recorded_runner import (
+    CLASSIFY,
+    HANG_GUARD,
+    LeavingClient,
+    RecordedRunner,
+    one_of_each,
+    stuck_decoding,
+    until,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -73,19 +80,11 @@ async def test_a_lone_image_past_its_deadline_while_decoded_is_504_never_run_and
     digits_test_split, monkeypatch
 ) -> None:
     runner = RecordedRunner(monkeypatch)
-    release, started = threading.Event(), threading.Event()
-    original = decoding._decode_and_preprocess
-
-    def stuck(*args):
-        started.set()
-        release.wait(HANG_GUARD)
-        return original(*args)
-
     (png,) = one_of_each(digits_test_split, range(1))
     async with running_app() as client:
         batcher = client.app.state.server.repository.get("vit-digits").batcher
         runner.calls.clear()
-        monkeypatch.setattr(decoding, "_decode_and_preprocess", stuck)
+        started, release = stuck_decoding(monkeypatch)
         # the batcher's clock stands still: the deadline can only pass in the decode's wait
         clock, batcher.clock = batcher.clock, ManualClock()
         response = await client.post(CLASSIFY, files={"image": png}, params={"timeout": 0.2})
@@ -100,41 +99,21 @@ async def test_a_lone_image_past_its_deadline_while_decoded_is_504_never_run_and
 
 async def test_a_lone_image_whose_client_left_while_it_was_decoded_is_never_run(digits_test_split, monkeypatch) -> None:
     runner = RecordedRunner(monkeypatch)
-    release, started = threading.Event(), threading.Event()
-    original = decoding._decode_and_preprocess
-
-    def stuck(*args):
-        started.set()
-        release.wait(HANG_GUARD)
-        return original(*args)
-
     (png,) = one_of_each(digits_test_split, range(1))
-    gone = asyncio.Event()
-    messages = [{"type": "http.request", "body": png, "more_body": False}]
-    sent: list[dict] = []
-
-    async def receive() -> dict:
-        if messages:
-            return messages.pop(0)
-        await gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
+    leaving = LeavingClient(png)
     async with running_app() as client:
         before = (await client.get("/metrics")).text
         runner.calls.clear()
-        monkeypatch.setattr(decoding, "_decode_and_preprocess", stuck)
-        call = asyncio.ensure_future(client.app(asgi_post(CLASSIFY, png), receive, send))
+        started, release = stuck_decoding(monkeypatch)
+        call = asyncio.ensure_future(client.app(asgi_post(CLASSIFY, png), leaving.receive, leaving.send))
         await until(started.is_set)
-        gone.set()
+        leaving.leave()
         await asyncio.wait_for(call, HANG_GUARD)
         release.set()
         batcher = client.app.state.server.repository.get("vit-digits").batcher
         await until(lambda: idle(batcher))  # the thread ended: its runner came back
         after = (await client.get("/metrics")).text
-    assert runner.calls == [] and sent[0]["status"] == 499
+    assert runner.calls == [] and leaving.sent[0]["status"] == 499
     assert grew(before, after, "patchserve_requests_total", outcome="cancelled") == 1
     assert grew(before, after, "patchserve_batches_total", reason="idle") == 0
 
