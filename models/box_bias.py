@@ -81,7 +81,7 @@ def input_format(checkpoint: dict[str, Any]) -> str:
     if not checkpoint.get("pixel_mask"):
         return "letterbox"
     if spec.get("resize") == "shortest_edge":
-        return "resized-bucket"
+        return "resized-served" if spec.get("trained_on_served_buckets") else "resized-bucket"
     return "bucket" if spec.get("pad_to") == "bucket" else "padded"
 
 
@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     sides = []
     for canvas in canvases:
-        pixels = enlarge(canvas.image, MAX_SIZE) if name == "resized-bucket" else canvas.image
+        pixels = enlarge(canvas.image, MAX_SIZE) if name.startswith("resized") else canvas.image
         sides.append((pixels.shape[1], pixels.shape[0]))  # the canvas's own size but for resized inputs
     pairs = matched_pairs([(c.boxes, c.labels) for c in canvases], detections, labels)
     print(

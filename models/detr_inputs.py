@@ -20,6 +20,11 @@ checkpoint's preprocessing record all come from the same entry, so they cannot d
   stride-16 backbone 4x4 to 8x8 feature maps; resized, one side always has 8 cells, as the
   letterboxed model's 128x128 input does (docs/detr-recipe.md: ``baseline`` lost AP75 to
   letterboxing).
+* ``resized-served``: ``resized-bucket`` padded to the buckets the exporter serves the model
+  with (sides 96 or 128: 96x128, 128x96, 128x128) instead of sides rounded up to 16, so that
+  training pads exactly as the server does. A model trained on 16-pixel steps lost AP on the
+  served buckets' larger padding (`resized`: test AP 0.686 on its training buckets, 0.615 on
+  the served ones, through ONNX Runtime; docs/detr-recipe.md): its convolutions see the padding.
 
 With a mask, target boxes are normalised (cx, cy, w, h) to the *unpadded* image. That is
 DETR's own convention (facebookresearch/detr normalises targets before the collate pads, and
@@ -89,6 +94,14 @@ def bucket_side(side: int, step: int = BUCKET_STEP) -> int:
     return -(-side // step) * step
 
 
+SERVED_SIDES = (MAX_SIZE * 3 // 4, MAX_SIZE)  # the sides of export.detr.serving_buckets: 96 and 128
+
+
+def served_side(side: int) -> int:
+    """The smallest side of the buckets the exporter serves (``SERVED_SIDES``) that holds ``side`` pixels."""
+    return next(s for s in SERVED_SIDES if side <= s)
+
+
 def fit(pixels: np.ndarray, max_size: int = MAX_SIZE) -> tuple[np.ndarray, float]:
     """uint8 (H, W) pixels shrunk (bilinear) so the longer side is at most ``max_size``; and the scale applied."""
     height, width = pixels.shape
@@ -130,7 +143,9 @@ class InputFormat:
 
     Args:
         name: the key in ``INPUT_FORMATS``.
-        pad_to: "bucket" (each image's own bucket) or "max" (``MAX_SIZE`` square); ignored by letterbox.
+        pad_to: "bucket" (each image's own bucket, sides rounded up to ``BUCKET_STEP``), "served"
+            (the buckets the exporter serves the model with, sides ``SERVED_SIDES``: training pads
+            exactly as the server will) or "max" (``MAX_SIZE`` square); ignored by letterbox.
         resize: "fit" (only an image over ``MAX_SIZE`` shrinks: :func:`fit`) or "longest" (every
             image's longer side becomes ``MAX_SIZE``: :func:`enlarge`); ignored by letterbox.
     """
@@ -162,8 +177,10 @@ class InputFormat:
             **spec,
             **resize,
             "longest_edge": MAX_SIZE,
-            "pad_to": self.pad_to,
+            # the server pads to export.detr.serving_buckets for "bucket" and "served" alike
+            "pad_to": "max" if self.pad_to == "max" else "bucket",
             "bucket_step": BUCKET_STEP if self.pad_to == "bucket" else None,
+            "trained_on_served_buckets": self.pad_to == "served",
             "pixel_mask": True,
             "boxes": "normalised cxcywh of the unpadded image",
         }
@@ -210,6 +227,9 @@ class InputFormat:
         )
 
     def _bucket_ids(self, sizes: torch.Tensor) -> torch.Tensor:
+        if self.pad_to == "served":
+            sides = torch.tensor([[served_side(int(v)) for v in size] for size in sizes.tolist()]).reshape(-1, 2)
+            return sides[:, 0] * (MAX_SIZE + 1) + sides[:, 1]
         if self.pad_to != "bucket":
             return torch.zeros(len(sizes), dtype=torch.int64)
         sides = (sizes + BUCKET_STEP - 1) // BUCKET_STEP  # (N, 2) bucket rows, cols in steps
@@ -220,7 +240,8 @@ class InputFormat:
     ) -> tuple[torch.Tensor, torch.Tensor | None, list[dict[str, torch.Tensor]]]:
         """Images float32 (B, 1, H, W), pixel_mask int64 (B, H, W) or None, and targets, for ``index``.
 
-        H, W: 128 for letterbox and ``padded``; the bucket of the batch's largest image for ``bucket``.
+        H, W: 128 for letterbox and ``padded``; the bucket of the batch's largest image for
+        ``bucket`` and ``served``.
         """
         targets = [prepared.targets[i] for i in index.tolist()]
         if not self.mask:
@@ -228,6 +249,8 @@ class InputFormat:
         sizes = prepared.sizes[index]
         if self.pad_to == "bucket":
             height, width = (bucket_side(int(v)) for v in sizes.max(0).values)
+        elif self.pad_to == "served":
+            height, width = (served_side(int(v)) for v in sizes.max(0).values)
         else:
             height = width = MAX_SIZE
         images = prepared.images[index, :height, :width].to(torch.float32).mul_(SCALE).unsqueeze(1)
@@ -296,6 +319,7 @@ INPUT_FORMATS: dict[str, InputFormat] = {
     "bucket": InputFormat("bucket", pad_to="bucket"),
     "padded": InputFormat("padded", pad_to="max"),
     "resized-bucket": InputFormat("resized-bucket", pad_to="bucket", resize="longest"),
+    "resized-served": InputFormat("resized-served", pad_to="served", resize="longest"),
 }
 
 

@@ -159,3 +159,37 @@ def test_a_checkpoint_recorded_before_resized_buckets_is_still_served_by_fit() -
     served = served_preprocessing({"pixel_mask": True, "preprocessing": record})
     assert served.resize == "fit" and served.longest_edge == 128 and served.shortest_edge is None
     assert [(b.height, b.width) for b in served.buckets] == [(96, 96), (96, 128), (128, 96), (128, 128)]
+
+
+def test_resized_served_batches_are_padded_to_the_served_buckets_exactly_as_the_server_pads() -> None:
+    """resized-served: the batch (pixels and mask) equals the server's Preprocessor + pad_inputs for its bucket."""
+    from PIL import Image
+
+    from export.detr import served_preprocessing
+    from service.batching.arrays import pad_inputs
+    from service.imaging.preprocess import Preprocessor
+
+    canvases = make_split("val", 24)
+    form = INPUT_FORMATS["resized-served"]
+    record = form.preprocessing()
+    assert record["pad_to"] == "bucket" and record["trained_on_served_buckets"] is True
+    served = served_preprocessing({"pixel_mask": True, "preprocessing": record})
+    preprocess = Preprocessor(served)
+    prepared = form.prepare(canvases)
+    shapes = set()
+    for bucket in prepared.buckets.unique().tolist():
+        members = torch.nonzero(prepared.buckets == bucket)[:, 0]
+        images, mask, _ = form.batch(prepared, members)
+        inputs = [preprocess(Image.fromarray(canvases[i].image)) for i in members.tolist()]
+        height, width = served.bucket_for(*inputs[0].shape[1:])
+        assert all(served.bucket_for(*x.shape[1:]) == (height, width) for x in inputs)  # one served bucket a batch
+        expected, expected_mask = pad_inputs(
+            inputs,
+            np.empty((len(inputs), 1, height, width), np.float32),
+            np.empty((len(inputs), height, width), np.int64),
+        )
+        assert images.shape == expected.shape and mask is not None
+        np.testing.assert_allclose(images.numpy(), expected, atol=1e-6)
+        np.testing.assert_array_equal(mask.numpy(), expected_mask)
+        shapes.add((height, width))
+    assert len(shapes) > 1  # landscape and portrait canvases
