@@ -176,14 +176,14 @@ def test_a_bucketed_focal_detr_checkpoint_exports_with_a_pixel_mask_and_serves_o
 
 
 def test_a_fixed_frame_detr_exports_with_parity_and_its_boxes_ignore_the_bucket(tmp_path) -> None:
-    """fixed_frame (issue 21's resized-frame recipe): the valid extent is measured from pixel_mask in
-    the graph, so ONNX Runtime gives an image the same boxes in its own bucket and in a larger one."""
+    """fixed_frame on resized-served inputs (issue 21's resized-served-frame recipe): the valid extent is
+    measured from pixel_mask in the graph, so ONNX Runtime gives an image the same boxes in two buckets."""
     import numpy as np
     import onnxruntime as ort
 
     from export.checkpoint import export_checkpoint
 
-    tiny_run(tmp_path / "run", inputs="resized-bucket", overrides={"fixed_frame": 128})
+    tiny_run(tmp_path / "run", inputs="resized-served", overrides={"fixed_frame": 128})
     assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["config"]["fixed_frame"] == 128
     out = tmp_path / "repository" / "detr-framed" / "1"
     manifest = export_checkpoint(tmp_path / "run" / "checkpoint.pt", out, opset=18)
