@@ -21,15 +21,15 @@ that expired or were cancelled in between.
 
 **Stack, run, check/split, answer.** The inputs are stacked (or padded, with their mask) straight
 into the runner's preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`), the model is
-called once in the runner's own thread, every output is checked for one row per input, then split.
-A failing batch fails only its own requests (500, saying why); the loop goes on. If the loop itself
-dies, every request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
+called once in the
+runner's own thread, every output is checked for one row per input, then split. A failing batch
+fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
+request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
 
 **Instances.** Given N runners (N sessions of one model: Triton's instance count), one batcher
 feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
 in flight at once. With one runner, a batch is collected only once the previous one has run. A
 *wide* runner (every core) may stand beside them for a request that arrives alone while they idle.
-Such a request may skip the queue and the loop altogether (:meth:`Batcher.claim_alone`).
 
 Times are seconds on an injectable :class:`~service.batching.clock.Clock`, so tests drive the loop without
 waiting. The queue's bookkeeping is :mod:`service.batching.queue`; the knobs :mod:`service.batching.config`.
@@ -46,12 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from service.batching.alone import Claim
-from service.batching.arrays import BatchBuffers, detach, pad_inputs, split_outputs, stack_inputs
+from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, pad_inputs, split_outputs, stack_inputs
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
 from service.batching.queue import Request, RequestQueue
-from service.batching.records import BatchRecords, failure_detail
 from service.batching.runners import RunnerPool
 from service.core import metrics, tracing
 from service.core.errors import BadRequest, DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
@@ -92,12 +90,19 @@ class Batcher:
         self.config = config
         self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
-        self._records = BatchRecords(model, version)
+        self._model_version = (model, version)
+        self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
+        self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
+        self._batch_size = metrics.BATCH_SIZE.labels(model, version)
+        self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
         self._queue = RequestQueue(metrics.QUEUE_DEPTH.labels(model, version))
         self._in_flight: dict[asyncio.Task[None], list[Request]] = {}  # running batches
         self._fatal: BaseException | None = None  # what killed a batch and so the loop
         self._wake = asyncio.Event()  # set on every change that can make a batch due
-        self._executors = [ThreadPoolExecutor(1, f"run-{self.name}-{i}") for i in range(len(self._runners))]
+        self._executors = [
+            ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}-{i}")
+            for i in range(len(self._runners))
+        ]
         self._buffers = [BatchBuffers(config.max_batch_size) for _ in self._runners]
         self._task: asyncio.Task[None] | None = None
 
@@ -148,18 +153,6 @@ class Batcher:
     def arriving(self, count: int) -> contextlib.AbstractContextManager[None]:
         """``with batcher.arriving(n):`` n inputs on their way, not queued yet (:meth:`RunnerPool.arriving`)."""
         return self._pool.arriving(count)
-
-    def claim_alone(self) -> Claim | None:
-        """A runner reserved for a lone input arriving now, which the loop would run at once (``idle``).
-
-        None (the input takes the queue) unless the loop runs, nothing is queued or :meth:`arriving`,
-        a runner is available and tracing is off (:mod:`service.batching.alone`)."""
-        if self._fatal is not None or self._queue.queued or tracing.enabled() or not self.running:
-            return None
-        if (runner := self._pool.claim_alone()) is None:
-            return None
-        run, buffers, give_back = self._runners[runner], self._buffers[runner], functools.partial(self._free, runner)
-        return Claim(run, buffers, self._records, self.clock, give_back=give_back, alive=lambda: self.running)
 
     def deadline(self, timeout: float | None = None) -> float:
         """The deadline, on this batcher's clock, of a request arriving now.
@@ -263,7 +256,7 @@ class Batcher:
     async def _run_batch(self, runner: int, batch: list[Request], reason: str) -> None:
         """Stack -> run -> check/split -> answer, for one batch on one runner (released for ``reason``)."""
         started = self.clock.now()
-        trace = tracing.batch_started(*self._records.labels, reason, [request.trace for request in batch])
+        trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
         try:
             first = batch[0]
             shape, dtype = first.shape
@@ -287,14 +280,10 @@ class Batcher:
 
     def _batch_done(self, runner: int, task: asyncio.Task[None]) -> None:
         """A batch's task ended: its runner is idle again; anything but an Exception kills the loop."""
-        fatal = None if task.cancelled() else task.exception()  # its batch stays in flight, answered as the loop dies
-        if fatal is None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fatal = task.exception()  # its batch stays in flight, to be answered as the loop dies
+        else:
             self._in_flight.pop(task, None)  # (gone already when the loop ended and cancelled it)
-        self._free(runner, fatal)
-
-    def _free(self, runner: int, fatal: BaseException | None = None) -> None:
-        """``runner`` is idle again (its batch or its claim is done; ``fatal``: what killed it, and so the loop)."""
-        self._fatal = fatal or self._fatal
         self._pool.give_back(runner)
         self._wake.set()
 
@@ -311,8 +300,7 @@ class Batcher:
             if self._fatal is not None:
                 raise self._fatal
             self._queue.purge()  # forget requests taken, expired or cancelled
-            # a claim (claim_alone) may have taken the last runner since _until_a_runner_is_idle
-            batch = self._queue.head_batch(self.config.max_batch_size) if self._pool.available() else []
+            batch = self._queue.head_batch(self.config.max_batch_size)
             reason = self._release_reason(batch) if batch else None
             if reason is not None:
                 for request in batch:
@@ -354,16 +342,28 @@ class Batcher:
         return kept
 
     def _record_release(self, batch: list[Request], reason: str) -> None:
-        self._records.released(reason, len(batch), self.clock.now() - batch[0].enqueued, self._queue.queued)
+        self._released[reason].inc()
+        self._batch_size.observe(len(batch))
+        if log.isEnabledFor(logging.DEBUG):
+            waited = self.clock.now() - batch[0].enqueued
+            log.debug(
+                "model %s: batch of %d released (%s); its oldest request waited %.3f ms, %d still queued",
+                self.name, len(batch), reason, waited * 1e3, self._queue.queued,
+            )  # fmt: skip
 
     def _answer(self, batch: list[Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
-        self._records.ran(compute, [started - request.enqueued for request in batch])
+        self._compute_duration.observe(compute)
         for request, row in zip(batch, rows, strict=True):
+            queued_for = started - request.enqueued
+            self._queue_duration.observe(queued_for)
             if not request.future.done():
-                request.future.set_result(InferenceResult(row, started - request.enqueued, compute, len(batch)))
+                request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
 
     def _fail(self, batch: list[Request], exc: Exception) -> None:
-        detail = failure_detail(self.name, len(batch), exc)
+        if isinstance(exc, BatchOutputMismatch):
+            detail = f"model {self.name} returned outputs that do not match its batch of {len(batch)}: {exc}"
+        else:
+            detail = f"model {self.name}: the run failed for this batch of {len(batch)}: {type(exc).__name__}: {exc}"
         log.error("%s", detail, exc_info=exc)
         for request in batch:
             if not request.future.done():

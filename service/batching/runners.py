@@ -75,12 +75,3 @@ class RunnerPool:
             self._wide_running = False
         else:
             self._idle.append(runner)
-
-    def claim_alone(self) -> int | None:
-        """The runner for a lone input arriving now, nothing queued (the caller checks): :meth:`take`'s choice.
-
-        None when another input is on its way (:meth:`arriving`) or no runner is :meth:`available`.
-        """
-        if self._arriving or not self.available():
-            return None
-        return self.take(1, 0)

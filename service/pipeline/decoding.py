@@ -3,16 +3,14 @@
 Each image's header is read first (the JPEG and PNG pre-scan included), its decoded pixels
 checked against the request's total and reserved from the worker's budget, then it is decoded
 and preprocessed; a request's only image does all of it in one trip to the pool
-(:func:`decode_alone`), and its model run too when the batcher is idle
-(:mod:`service.batching.alone`); several images take two trips (:func:`probe_one`, then
-:func:`decode_one`), so that the request's total is checked in request order before any is decoded.
+(:func:`decode_alone`), several images in two (:func:`probe_one`, then :func:`decode_one`), so
+that the request's total is checked in request order before any is decoded.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -22,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from service.batching.alone import Claim
 from service.batching.config import InferenceResult
 from service.core import metrics, tracing
 from service.core.errors import (
@@ -35,7 +32,6 @@ from service.imaging.images import DecodedImage, OpenedImage, decode_image, open
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.preprocess import Preprocessor
 from service.imaging.prescan import PrescanLimits
-from service.pipeline.alone import Ran, runs, until_ran
 from service.runtime.repository import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -52,8 +48,6 @@ class ImageOutcome:
         error: the problem to report for this image (None on success).
         decode_seconds: time spent decoding and preprocessing, in seconds.
         padding: the fraction of its bucket's pixels that were padding (0: no bucket, or none).
-        fields: the task's response fields, when its decode thread ran it and computed them
-            (:func:`decode_alone`); None: computed when the response is built.
     """
 
     index: int
@@ -62,7 +56,6 @@ class ImageOutcome:
     error: ProblemError | None
     decode_seconds: float
     padding: float = 0.0
-    fields: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)
@@ -214,48 +207,22 @@ def _open_and_decode(
     budget: PixelBudget | None,
     held: list[int],
     keep_image: bool,
-    then: Callable[[DecodedImage, np.ndarray], ImageOutcome] | None = None,
-) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None, ImageOutcome | None]:
-    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode (and run).
+) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None]:
+    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode.
 
     The decode follows at once when the image fits the request's pixel limit and its pixels fit
     the ``budget`` now (:meth:`PixelBudget.try_acquire`; they are then in ``held[0]``, for the
     loop to give back); else the second part is None and the loop takes the opened file on
-    (the 413, or a wait for room) as a request of several images does. ``then``: what runs the
-    decoded (C, H, W) input on a claimed runner (:func:`_answered`): the image's outcome, the third part.
+    (the 413, or a wait for room) as a request of several images does.
     """
     opened = _probe(model, data, max_pixels, limits.prescan)
     if opened.pixels > limits.max_request_pixels:
-        return opened, None, None
+        return opened, None
     if budget is not None:
         if not budget.try_acquire(opened.pixels):
-            return opened, None, None
+            return opened, None
         held[0] = opened.pixels
-    decoded, x = _decode_and_preprocess(model, opened, max_pixels, keep_image)
-    return opened, (decoded, x), None if then is None else then(decoded, x)
-
-
-def _answered(
-    model: ModelVersion, index: int, run: Callable[[np.ndarray], Ran], fields: Callable[[ImageOutcome], Any] | None
-) -> Callable[[DecodedImage, np.ndarray], ImageOutcome]:
-    """What the decode thread does with a decoded image on a claimed runner: ``run`` it, and its outcome's ``fields``.
-
-    A ``fields`` that raises is left to the loop, which computes them again (and answers its error) as ever.
-    """
-    decode_duration = metrics.DECODE_DURATION.labels(model.name, str(model.version))
-
-    def answer(decoded: DecodedImage, x: np.ndarray) -> ImageOutcome:
-        ran = run(x)  # (C, H, W) float32
-        decode_duration.observe(ran.decode_seconds)
-        if isinstance(ran.result, ProblemError):
-            return ImageOutcome(index, decoded, None, ran.result, ran.decode_seconds)
-        outcome = ImageOutcome(index, decoded, ran.result, None, ran.decode_seconds, ran.padding)
-        try:
-            return outcome if fields is None else dataclasses.replace(outcome, fields=fields(outcome))
-        except Exception:
-            return outcome
-
-    return answer
+    return opened, _decode_and_preprocess(model, opened, max_pixels, keep_image)
 
 
 async def decode_alone(
@@ -268,35 +235,20 @@ async def decode_alone(
     budget: PixelBudget | None,
     deadline: float,
     keep_image: bool,
-    claim: Claim | None = None,
-    fields: Callable[[ImageOutcome], dict[str, Any]] | None = None,
 ) -> tuple[ImageOutcome, np.ndarray | None]:
     """A request's only image, read and decoded in one trip to the pool (:func:`_open_and_decode`).
 
     The same checks in the same order as :func:`probe_one` then :func:`decode_one`, which it
     falls back to when the image must wait for decoding room or is refused for its size; one
-    hand-off to the pool and back instead of two (issue 14, item 4). With the batcher's
-    ``claim`` (:meth:`~service.batching.batcher.Batcher.claim_alone`), the same trip runs the
-    model: the outcome then holds the result (or the run's error), the task's ``fields`` of it
-    when they could be computed there, and no input is returned. The
-    claim's runner is given back when the trip ends; a request that stops waiting first (its
-    deadline while decoding: 504; the client gone: cancelled) abandons the run before it starts.
+    hand-off to the pool and back instead of two (issue 14, item 4).
     """
     started = time.perf_counter()
     held = [0]
-    then = None if claim is None else _answered(model, work.index, runs(model, claim, deadline, started), fields)
     try:
         with tracing.decoding():
-            try:
-                future = asyncio.get_running_loop().run_in_executor(
-                    pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image, then
-                )
-            except BaseException:
-                if claim is not None:
-                    claim.give_back()
-                raise
-            if claim is not None:
-                future.add_done_callback(lambda _: claim.give_back())
+            future = asyncio.get_running_loop().run_in_executor(
+                pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image
+            )
             if budget is not None:
                 pixels_budget = budget  # narrowed for the callback
 
@@ -305,15 +257,12 @@ async def decode_alone(
                         pixels_budget.release(held[0])
 
                 future.add_done_callback(give_back)
-            waiting = _until(deadline, model.batcher.clock.now, future, "decoded")
-            opened, done, answered = await until_ran(claim, future, waiting)
+            opened, done = await _until(deadline, model.batcher.clock.now, future, "decoded")
     except ProblemError as exc:
         return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
     except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
         error = _our_fault(model, work.index, exc)
         return ImageOutcome(work.index, None, None, error, time.perf_counter() - started), None
-    if claim is not None:
-        claim.give_back()  # its trip has ended (and the callback would give it back soon)
     if done is None:  # too large for the request, or no room now: the two-step path takes it on
         work.opened, work.pixels, work.seconds = opened, opened.pixels, time.perf_counter() - started
         within_request_budget([work], limits.max_request_pixels)
@@ -321,8 +270,6 @@ async def decode_alone(
             model, work, pool, max_pixels, asyncio.Semaphore(1), budget=budget, deadline=deadline,
             keep_image=keep_image,
         )  # fmt: skip
-    if answered is not None:
-        return answered, None
     decoded, x = done
     decode_seconds = time.perf_counter() - started
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)

@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from service.core.errors import ProblemError
+from service.core import metrics
+from service.core.errors import PayloadTooLarge, ProblemError
 from service.imaging.pixel_budget import PixelBudget
-from service.pipeline.alone import bucket_of
 from service.pipeline.decoding import (
     DecodeLimits,
     ImageOutcome,
@@ -38,7 +38,14 @@ async def _submit(
     if x is None:  # decoding failed: the outcome already holds its problem
         return outcome
     try:
-        bucket, padding = bucket_of(model, x)
+        try:
+            bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+        except ValueError as exc:  # the manifest's checks make this unreachable; a 413, never a 500
+            raise PayloadTooLarge(f"the image's model input fits none of the model's padding buckets ({exc})") from None
+        padding = 0.0
+        if bucket is not None:
+            padding = 1.0 - x.shape[1] * x.shape[2] / (bucket[0] * bucket[1])
+            metrics.PADDING_FRACTION.labels(model.name, str(model.version)).observe(padding)
         result = await model.batcher.submit(x, deadline=deadline, bucket=bucket)
     except ProblemError as exc:
         return dataclasses.replace(outcome, error=exc)
@@ -56,7 +63,6 @@ async def infer_images(
     limits: DecodeLimits | None = None,
     budget: PixelBudget | None = None,
     keep_images: bool = False,
-    fields: Callable[[ImageOutcome], dict[str, Any]] | None = None,
 ) -> list[ImageOutcome]:
     """Decode, preprocess and run every image of one request.
 
@@ -87,8 +93,6 @@ async def infer_images(
         limits: the pre-scan's and the request's pixel limits (default :class:`DecodeLimits`).
         budget: the worker's decoded-pixel budget (None: no budget).
         keep_images: keep each outcome's decoded picture (``image.image``); else it is None.
-        fields: the task's response fields of a successful outcome (:meth:`service.tasks.Task.fields`),
-            computed in the decode thread when a lone image runs there (off the event loop).
 
     Returns:
         One outcome per payload, in request order; an image's own errors are in its outcome.
@@ -102,14 +106,12 @@ async def infer_images(
     slots = asyncio.Semaphore(decode_parallelism)
     works = [Work(i, data) for i, data in enumerate(payloads)]
     decode_deadline = deadline if deadline is not None else model.batcher.deadline()
-    # a lone image arriving at an idle batcher is decoded and run in one trip (service.batching.alone)
-    claim = model.batcher.claim_alone() if len(works) == 1 else None
     with model.batcher.arriving(len(payloads)):  # on their way: no lone input ahead of them takes the wide runner
         if len(works) == 1:  # the common case: one trip to the pool
             decoded = [
                 await decode_alone(
                     model, works[0], pool, max_pixels, limits, budget=budget, deadline=decode_deadline,
-                    keep_image=keep_images, claim=claim, fields=fields,
+                    keep_image=keep_images,
                 )
             ]  # fmt: skip
         else:
@@ -141,7 +143,7 @@ def response_body(
 
     Args:
         render: builds the task's fields of one successful outcome
-            (:meth:`service.tasks.Task.fields`), unless its ``fields`` were computed already.
+            (:meth:`service.tasks.Task.fields`).
 
     Raises:
         ProblemError: a single-image request whose image failed (its own status code).
@@ -155,7 +157,7 @@ def response_body(
             "model": model.name,
             "version": str(model.version),
             "image": {"width": outcome.image.width, "height": outcome.image.height},
-            **(render(outcome) if outcome.fields is None else outcome.fields),
+            **render(outcome),
         }
 
     if len(outcomes) == 1:

@@ -129,10 +129,6 @@ async def serve(
             raise BadRequest(f"{task.verb} draws no picture (render=png is for {drawn}); leave render out for JSON")
         if model.batcher.clock.now() >= deadline:  # say so, not "while this image was being decoded"
             raise deadline_passed_after_the_body()
-
-        def fields(outcome: ImageOutcome) -> dict[str, Any]:
-            return task.fields(model, outcome, params)
-
         outcomes = await unless_disconnected(
             request,
             infer_images(
@@ -145,11 +141,10 @@ async def serve(
                 limits=state.decode_limits,
                 budget=state.pixel_budget,
                 keep_images=picture,  # render=png draws on the decoded picture
-                fields=fields,  # a lone image's, in its decode thread when it runs there
             ),
         )
         request.state.batch_sizes = [o.result.batch_size for o in outcomes if o.result is not None]
-        body = response_body(model, outcomes, fields, instance=request_id(request))
+        body = response_body(model, outcomes, lambda o: task.fields(model, o, params), instance=request_id(request))
         if picture:
             response = await _picture(state, task, model, body, outcomes, params)
         else:

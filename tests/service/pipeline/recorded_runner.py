@@ -87,22 +87,3 @@ class LeavingClient:
 
     async def send(self, message: dict) -> None:
         self.sent.append(message)
-
-
-def stuck_decoding(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
-    """Patches the decode step (``decoding._decode_and_preprocess``) to wait: (started, release).
-
-    ``started`` is set when an image reaches it; it decodes once ``release`` is set (or after HANG_GUARD).
-    """
-    from service.pipeline import decoding
-
-    started, release = threading.Event(), threading.Event()
-    original = decoding._decode_and_preprocess
-
-    def stuck(*args):
-        started.set()
-        release.wait(HANG_GUARD)
-        return original(*args)
-
-    monkeypatch.setattr(decoding, "_decode_and_preprocess", stuck)
-    return started, release
