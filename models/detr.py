@@ -182,6 +182,11 @@ class DETR(nn.Module):
             dropout=config.dropout,
             normalize_before=config.normalize_before,
         )
+        if 0 < config.fixed_frame < max(config.image_size):
+            raise ValueError(
+                f"fixed_frame {config.fixed_frame} is smaller than the input ({config.image_size}): "
+                "boxes could not reach an image's far edge"
+            )
         if config.num_groups < 1:
             raise ValueError(f"num_groups must be >= 1, got {config.num_groups}")
         self.query_embed = nn.Embedding(config.num_queries * config.num_groups, d)
@@ -223,7 +228,7 @@ class DETR(nn.Module):
         frame = self._frame(images, pixel_mask)  # (B, 4) extent / frame, or None
         extent = None
         if frame is not None:  # the frame in cells of the map: F / stride, for every image
-            extent = torch.full((src.shape[0], 2), self.config.fixed_frame / self.backbone.stride)
+            extent = torch.full((src.shape[0], 2), self.config.fixed_frame / self.backbone.stride, device=src.device)
         pos = self.position_encoding(src, mask, extent).to(src.dtype)  # (B, d, H', W')
         queries, query_mask = self.queries()  # (Q, d), (Q, Q) or None
         tgt, dn = None, None
@@ -249,7 +254,7 @@ class DETR(nn.Module):
         if not self.config.fixed_frame:
             return None
         if pixel_mask is None:
-            height, width = (torch.full((images.shape[0],), float(v)) for v in images.shape[-2:])
+            height, width = (torch.full((images.shape[0],), float(v), device=images.device) for v in images.shape[-2:])
         else:
             valid = pixel_mask > 0
             height = valid.any(dim=2).sum(dim=1).to(torch.float32)  # rows holding a real pixel

@@ -294,3 +294,8 @@ def test_a_fixed_frame_gives_an_image_the_same_boxes_in_any_bucket() -> None:
     # Only the backbone's convolutions see the padding (its zeros after batch norm): DETR's own tolerance.
     for other in outputs[1:]:
         torch.testing.assert_close(other, outputs[0], atol=1e-3, rtol=0)
+
+
+def test_a_fixed_frame_smaller_than_the_input_is_refused() -> None:
+    with pytest.raises(ValueError, match="fixed_frame 96 is smaller than the input"):
+        build("digits-small", fixed_frame=96)
