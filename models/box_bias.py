@@ -32,21 +32,21 @@ def matched_pairs(
         detections: per image, the detect route's detections (``label``, ``box`` xmin/ymin/xmax/ymax).
         labels: class index -> the label the detections carry.
     """
+    from models.detection_eval import pairwise_iou
+
     pairs = []
     for index, ((boxes, classes), found) in enumerate(zip(truth, detections, strict=True)):
-        for box, label in zip(boxes, classes, strict=True):
-            best, best_box = 0.0, None
-            for detection in found:
-                if detection["label"] != labels[int(label)]:
-                    continue
-                b = detection["box"]
-                other = np.array([b["xmin"], b["ymin"], b["xmax"], b["ymax"]], np.float64)
-                inter = np.prod(np.clip(np.minimum(box[2:], other[2:]) - np.maximum(box[:2], other[:2]), 0, None))
-                union = np.prod(box[2:] - box[:2]) + np.prod(other[2:] - other[:2]) - inter
-                if union > 0 and inter / union > best:
-                    best, best_box = float(inter / union), other
-            if best_box is not None and best >= 0.3:
-                pairs.append((index, np.asarray(box, np.float64), best_box, best))
+        if not found:
+            continue
+        predicted = np.array([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in found], np.float64)
+        predicted_labels = [d["label"] for d in found]
+        overlap = pairwise_iou(np.asarray(boxes, np.float64).reshape(-1, 4), predicted)  # (M, D)
+        for box, label, row in zip(boxes, classes, overlap, strict=True):
+            same = np.array([name == labels[int(label)] for name in predicted_labels])
+            scores = np.where(same, row, 0.0)
+            best = int(np.argmax(scores))
+            if scores[best] >= 0.3:
+                pairs.append((index, np.asarray(box, np.float64), predicted[best], float(scores[best])))
     return pairs
 
 
@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> None:
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoint", help="a checkpoint.pt of models.train_detr")
-    parser.add_argument("--inputs", default=None, help="its input format (default: read from the checkpoint's recipe)")
+    parser.add_argument("--inputs", default=None, help="its input format (default: from its preprocessing)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     checkpoint = torch.load(args.checkpoint, map_location="cpu", weights_only=False)

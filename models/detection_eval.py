@@ -208,7 +208,7 @@ def coco_ap(ground_truth: dict[str, Any], detections: Sequence[Sequence[dict[str
     return {**{name: float(stats[i]) for i, name in enumerate(names)}, "AR100": float(stats[8])}
 
 
-def _iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Pairwise IoU of xyxy boxes a (N, 4) and b (M, 4) -> (N, M)."""
     lt = np.maximum(a[:, None, :2], b[None, :, :2])
     rb = np.minimum(a[:, None, 2:], b[None, :, 2:])
@@ -259,10 +259,10 @@ def set_quality(
         labels = np.array([int(d["class_id"]) for d in kept])
         gt_boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (o["bbox"] for o in objects)], float).reshape(-1, 4)
         gt_labels = np.array([int(o["category_id"]) for o in objects])
-        pairs = np.triu((_iou(boxes, boxes) > iou) & (labels[:, None] == labels[None, :]), k=1)
+        pairs = np.triu((pairwise_iou(boxes, boxes) > iou) & (labels[:, None] == labels[None, :]), k=1)
         dup_pairs += int(pairs.sum())
         dup_images += bool(pairs.any())
-        overlap = _iou(boxes, gt_boxes)
+        overlap = pairwise_iou(boxes, gt_boxes)
         matched = np.zeros(len(objects), bool)
         for i in range(len(kept)):  # best score first
             candidates = np.where((gt_labels == labels[i]) & ~matched & (overlap[i] >= iou))[0]

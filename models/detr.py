@@ -253,12 +253,9 @@ class DETR(nn.Module):
         factor from a box relative to the image to one in units of the frame; None without."""
         if not self.config.fixed_frame:
             return None
-        if pixel_mask is None:
-            height, width = (torch.full((images.shape[0],), float(v), device=images.device) for v in images.shape[-2:])
-        else:
-            valid = pixel_mask > 0
-            height = valid.any(dim=2).sum(dim=1).to(torch.float32)  # rows holding a real pixel
-            width = valid.any(dim=1).sum(dim=1).to(torch.float32)
+        valid = torch.ones_like(images[:, 0], dtype=torch.bool) if pixel_mask is None else pixel_mask > 0
+        height = valid.any(dim=2).sum(dim=1).to(torch.float32)  # rows holding a real pixel
+        width = valid.any(dim=1).sum(dim=1).to(torch.float32)
         size = torch.stack([width, height, width, height], dim=1)
         return size / self.config.fixed_frame
 

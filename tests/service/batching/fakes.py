@@ -149,21 +149,3 @@ async def busy_runner(batcher: Batcher, model: FakeModel) -> AsyncIterator[async
         yield plug
     finally:
         model.gate.set()
-
-
-@asynccontextmanager
-async def running_instances(
-    models: list[FakeModel], clock: ManualClock, wide: FakeModel | None = None, **config: float
-) -> AsyncIterator[Batcher]:
-    """A started batcher feeding ``models`` as its instances (and ``wide``); gates opened, stopped at the end."""
-    values = {"max_batch_size": 2, "max_queue_delay": 0.5, "queue_size": 16, "request_timeout": 30.0, **config}
-    batcher = Batcher(
-        models, BatchingConfig(**values), model=f"fake-{next(_names)}", version="1", clock=clock, wide=wide
-    )
-    await batcher.start()
-    try:
-        yield batcher
-    finally:
-        for model in [*models, *([wide] if wide else [])]:
-            model.gate.set()
-        await batcher.stop()

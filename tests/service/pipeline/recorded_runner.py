@@ -61,29 +61,3 @@ def one_of_each(split, digits: range) -> list[bytes]:
 
 def batcher_of(client: httpx.AsyncClient):
     return client.app.state.server.repository.get("vit-digits").batcher
-
-
-class LeavingClient:
-    """An ASGI client that sends ``body`` whole, then waits until :meth:`leave` to disconnect.
-
-    ``await client.app(asgi_post(path, body), leaving.receive, leaving.send)``; ``sent`` holds
-    what the server sent back (a 499 for a request dropped because its client left).
-    """
-
-    def __init__(self, body: bytes) -> None:
-        self._messages = [{"type": "http.request", "body": body, "more_body": False}]
-        self._gone = asyncio.Event()
-        self.sent: list[dict] = []
-
-    def leave(self) -> None:
-        """The client goes away: its next ``receive()`` gets ``http.disconnect``."""
-        self._gone.set()
-
-    async def receive(self) -> dict:
-        if self._messages:
-            return self._messages.pop(0)
-        await self._gone.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(self, message: dict) -> None:
-        self.sent.append(message)

@@ -19,14 +19,7 @@ import uvicorn
 from service.http.app import create_app
 from tests.conftest import MODEL_REPOSITORY, free_port, make_settings, png_bytes, running_app
 from tests.service.helpers import asgi_post, assert_problem, sample
-from tests.service.pipeline.recorded_runner import (
-    HANG_GUARD,
-    LeavingClient,
-    RecordedRunner,
-    batcher_of,
-    one_of_each,
-    until,
-)
+from tests.service.pipeline.recorded_runner import HANG_GUARD, RecordedRunner, batcher_of, one_of_each, until
 
 pytestmark = pytest.mark.anyio
 
@@ -134,14 +127,26 @@ async def test_a_client_that_disconnects_while_queued_is_dropped_and_counted_can
 ) -> None:
     runner = RecordedRunner(monkeypatch)
     first, second = one_of_each(digits_test_split, range(2))
-    leaving = LeavingClient(second)
+    gone = asyncio.Event()
+    messages = [{"type": "http.request", "body": second, "more_body": False}]
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        if messages:
+            return messages.pop(0)
+        await gone.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
     async with running_app() as client:
         before = (await client.get("/metrics")).text
         runner.calls.clear()
         plug = await runner.plug(client, first)
-        call = asyncio.ensure_future(client.app(asgi_post(CLASSIFY, second), leaving.receive, leaving.send))
+        call = asyncio.ensure_future(client.app(asgi_post(CLASSIFY, second), receive, send))
         await until(lambda: batcher_of(client).queued == 1)
-        leaving.leave()
+        gone.set()
         await asyncio.wait_for(call, HANG_GUARD)
         assert batcher_of(client).queued == 0  # its place was given back before the runner freed up
         runner.gate.set()
@@ -149,7 +154,7 @@ async def test_a_client_that_disconnects_while_queued_is_dropped_and_counted_can
         assert (await classify(client, second)).status_code == 200
         after = (await client.get("/metrics")).text
     assert runner.calls == [1, 1]  # the plug and the last request; never the one whose client left
-    assert leaving.sent[0]["status"] == 499
+    assert sent[0]["status"] == 499
     assert grew(before, after, "patchserve_requests_total", outcome="cancelled") == 1
     assert sample(after, "patchserve_queue_depth", model="vit-digits", version="1") == 0
 
