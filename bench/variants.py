@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.variants --size 640x480 --concurrency 1,16 --rounds 2
     .venv/bin/python -m bench.variants one-session=instances:1 one-thread=instances:2,intra_op_threads:1
+    .venv/bin/python -m bench.variants --model vit-digits --naive --concurrency 1 no-wide=wide_session:false
 
 Each variant is a name and ``PATCHSERVE_*`` settings (lower case, ``name:value`` pairs, comma
 separated) applied on top of the defaults. Every variant is started at once and each
@@ -9,6 +10,10 @@ separated) applied on top of the defaults. Every variant is started at once and 
 machine hits them alike; each point is watched for foreign load (:mod:`bench.quiet`) and marked
 void when the machine was not quiet. Writes ``bench/results/variants-<date>-<host>.json`` and
 prints a table.
+
+``--model NAME`` serves a trained classifier from ``model_repository/`` (its highest version, alone,
+as ``make bench`` serves the trained models) instead of the random ViT-Ti/16; ``--naive`` adds the
+naive FastAPI endpoint (``bench/naive_app.py``) on the same model as a reference contestant.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from pathlib import Path
 
 import httpx
 
-from bench import images, loadgen, quiet, servers
+from bench import images, loadgen, quiet, run, servers
 
 MODEL = "vit-ti16-random"
 DEFAULT_VARIANTS = {
@@ -35,9 +40,9 @@ DEFAULT_VARIANTS = {
 }
 
 
-def settings_in_use(url: str) -> dict:
+def settings_in_use(url: str, model: str = MODEL) -> dict:
     """The benchmark model's batching, threads and auto-tune choice, from ``GET /v1/models/{model}``."""
-    version = httpx.get(f"{url}/v1/models/{MODEL}", timeout=10).json()["versions"][0]
+    version = httpx.get(f"{url}/v1/models/{model}", timeout=10).json()["versions"][0]
     tuned = version.get("autotune") or {}
     return {"batching": version["batching"], "threads": version["threads"], "autotune": tuned.get("chosen")}
 
@@ -61,13 +66,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model", default=MODEL, help="a classifier in --repository instead of the random ViT-Ti/16")
+    parser.add_argument("--repository", type=Path, default=Path("model_repository"))
+    parser.add_argument("--naive", action="store_true", help="add the naive FastAPI endpoint on the same model")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
 
     variants = dict(parse_variant(v) for v in args.variants) if args.variants else DEFAULT_VARIANTS
     files = images.prepare(args.work / "images")[args.size]
-    repository = args.work / "model_repository"
-    contestants = [servers.patchserve(repository, MODEL, key=k, label=k, **v) for k, v in variants.items()]
+    repository, version = args.work / "model_repository", "1"
+    if args.model != MODEL:
+        version_dir = dict(run.trained_models(args.repository))[args.model]
+        repository, version = run.one_model_repository(args.work, args.model, version_dir), version_dir.name
+    contestants = [servers.patchserve(repository, args.model, key=k, label=k, **v) for k, v in variants.items()]
+    if args.naive:
+        contestants += [s for s in servers.contestants(repository, args.model, version) if s.key == "naive"]
     started = dt.datetime.now(dt.UTC)
     load_start = os.getloadavg()
     rows = []
@@ -97,13 +110,17 @@ def main(argv: list[str] | None = None) -> None:
                         f"foreign {watch.load.foreign_cores:.2f} cores{f'  VOID: {void}' if void else ''}",
                         flush=True,
                     )
-        described = {key: settings_in_use(r.url) for key, r in running.items()}  # what each variant ran with
+        described = {  # what each variant ran with
+            key: settings_in_use(r.url, args.model) for key, r in running.items() if key in variants
+        }
     args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"variants-{started:%Y-%m-%d}-{socket.gethostname()}.json"
+    model = "" if args.model == MODEL else f"{args.model}-"
+    path = args.out / f"variants-{model}{started:%Y-%m-%d}-{socket.gethostname()}.json"
     document = {
         "command": "python -m bench.variants",
         "started": started.isoformat(timespec="seconds"),
         "load_average": {"start": load_start, "end": os.getloadavg()},
+        "model": args.model,
         "size": args.size,
         "variants": variants,
         "described": described,
