@@ -35,6 +35,8 @@ issue 18 item 4, so that the chosen one is the one retrain both issues need):
   sizes followed the canvas's extent, which the network could not tell; and ``resized-served``
   inputs (padded to the served buckets), because ``resized`` lost test AP 0.686 -> 0.615 on the
   served buckets' larger padding.
+* ``served-frame-focal-100q-dn5-6dec-long``: the levers of ``resized-focal-100q-dn5-6dec-long`` on
+  ``resized-served-frame``'s inputs and frame: the candidate for the committed detr-digits.
 
 The choice (:func:`choose`) is made on the **validation** split, by the duplicate rate first:
 of the recipes with duplicates on fewer than ``DUPLICATE_BAR`` of val canvases, the highest val
@@ -78,6 +80,12 @@ RECIPES: dict[str, dict[str, Any]] = {
         **LONG,
     },
     "resized-served-frame": {"inputs": "resized-served", "overrides": {"fixed_frame": 128}},
+    "served-frame-focal-100q-dn5-6dec-long": {
+        "inputs": "resized-served",
+        "class_loss": "focal",
+        "overrides": {"fixed_frame": 128, "num_queries": 100, "num_decoder_layers": 6, "dn_groups": 5},
+        **LONG,
+    },
 }
 # A run small enough to test the runner: seconds, not hours.
 SMOKE = {
