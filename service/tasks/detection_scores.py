@@ -73,7 +73,7 @@ class SoftmaxNoObject:
         class_ids = np.argmax(probabilities, axis=1)  # (Q,)
         scores = probabilities[np.arange(len(class_ids)), class_ids]  # (Q,)
         order = np.argsort(-scores, kind="stable")
-        order = order[scores[order] >= threshold][:max_detections]
+        order = order[scores[order].astype(np.float64) >= threshold][:max_detections]  # as reported: float64
         return order, class_ids[order], scores[order]
 
 
@@ -97,7 +97,7 @@ class SigmoidTopK:
         flat = probabilities.reshape(-1)  # (Q * C,), index q * C + c
         k = min(top_k if top_k is not None else num_queries, flat.size)
         order = np.argsort(-flat, kind="stable")[:k]
-        order = order[flat[order] >= threshold][:max_detections]
+        order = order[flat[order].astype(np.float64) >= threshold][:max_detections]  # as reported: float64
         return order // num_classes, order % num_classes, flat[order]
 
 

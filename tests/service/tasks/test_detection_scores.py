@@ -42,6 +42,19 @@ def test_softmax_rule_is_detrs_best_class_without_no_object() -> None:
     np.testing.assert_allclose(scores, [0.7, 0.5], atol=1e-6)
 
 
+@pytest.mark.parametrize("rule", [SoftmaxNoObject(), SigmoidTopK()], ids=lambda r: r.name)
+def test_the_threshold_compares_the_score_as_reported_not_its_float32(rule) -> None:
+    """Scores are reported as float64 widenings of the model's float32; a threshold between one and
+    the next float32 must not keep it (a fresh user's find: numpy compared in float32)."""
+    logits = LOGITS if rule.name == "sigmoid_top_k" else np.log(np.array([[0.7, 0.1, 0.2]], np.float32))
+    _, _, scores = rule.select(logits, threshold=0.0, max_detections=1, top_k=None)
+    best = float(scores[0])
+    just_above = float(np.nextafter(best, 1.0))  # a Python float, as the query gives: above the score
+    assert np.float32(just_above) == np.float32(best)
+    assert len(rule.select(logits, threshold=just_above, max_detections=1, top_k=None)[0]) == 0
+    assert len(rule.select(logits, threshold=best, max_detections=1, top_k=None)[0]) == 1
+
+
 def test_detect_with_sigmoid_top_k_gives_one_box_per_pair_in_pixels() -> None:
     detections = detect(
         LOGITS, BOXES, ["cat", "dog"], threshold=0.7, max_detections=10, box_scale=(200.0, 100.0),
