@@ -58,6 +58,7 @@ OPENAPI_IMAGE_BODY = {
                 "schema": {
                     "type": "object",
                     "required": ["images"],
+                    "additionalProperties": False,
                     "properties": {
                         "images": {
                             "type": "array",
@@ -225,6 +226,11 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
         raise BadRequest('a JSON body must be {"images": ["<base64>", ...]} with at least one image')
     if len(encoded) > max_images:
         raise BadRequest(f"more than {max_images} images in one request")
+    if unknown := sorted(set(document) - {"images"}):  # e.g. "threshold": it would be silently ignored
+        raise BadRequest(
+            f"unknown key(s) in the JSON body: {', '.join(map(repr, unknown))}; the body holds only "
+            '"images": options such as threshold or top_k go in the query string (?threshold=0.9)'
+        )
     images = []
     for i, text in enumerate(encoded):
         if text.startswith(("http://", "https://", "ftp://", "file:")):

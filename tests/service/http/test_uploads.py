@@ -87,6 +87,7 @@ async def test_the_default_part_limit_is_the_setting() -> None:
         (b'{"images": []}', "application/json", '{"images"'),
         (b'{"images": [1]}', "application/json", '{"images"'),
         (b'{"images": ["%%%"]}', "application/json", "images[0] is not valid base64"),
+        (b'{"images": ["iVBO"], "threshold": 0.9}', "application/json", "unknown key(s) in the JSON body: 'threshold'"),
         (b"{not json", "application/json", "not valid JSON"),
     ],
 )
