@@ -25,6 +25,11 @@ MODEL_REPOSITORY = ROOT / "model_repository"
 SERVE_PYTHON = ROOT / ".venv-serve" / "bin" / "python"
 
 
+def served_version(name: str) -> Path:
+    """The folder of the committed version of ``name`` the default policy serves: the highest number."""
+    return max((p for p in (MODEL_REPOSITORY / name).iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

@@ -11,10 +11,10 @@ import torch
 from export.onnx_export import export_onnx, parity
 from models.detr import DETRForExport, build
 from service.runtime.manifest import load_manifest
-from tests.conftest import MODEL_REPOSITORY
+from tests.conftest import served_version
 
 pytestmark = pytest.mark.slow
-COMMITTED = MODEL_REPOSITORY / "detr-digits" / "1"
+COMMITTED = served_version("detr-digits")
 
 
 def _graph_io(path) -> tuple[list, list[str]]:

@@ -15,10 +15,10 @@ from models.detection_data import example_canvas, load_split, to_coco
 from models.detection_eval import coco_ap, detect_images, set_quality
 from service.runtime.manifest import load_manifest
 from service.tasks.detection import DEFAULT_THRESHOLD
-from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, server_process
+from tests.conftest import ROOT, png_bytes, served_version, server_process
 
 pytestmark = pytest.mark.slow
-MODEL = MODEL_REPOSITORY / "detr-digits" / "1"
+MODEL = served_version("detr-digits")
 DETECT = "/v1/models/detr-digits/detect"
 
 

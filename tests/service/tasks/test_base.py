@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service import tasks
 from service.tasks import BaseTask
 from service.tasks.base import result_schema
-from tests.conftest import ROOT, running_app
+from tests.conftest import ROOT, running_app, served_version
 from tests.service.helpers import assert_problem, sample
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +90,7 @@ def test_the_registry_refuses_a_clashing_verb_and_an_incomplete_task() -> None:
 def test_a_manifest_names_its_output_roles_and_the_list_form_still_loads() -> None:
     from service.runtime.manifest import load_manifest
 
-    detr = load_manifest(ROOT / "model_repository" / "detr-digits" / "1" / "model.json")
+    detr = load_manifest(served_version("detr-digits") / "model.json")
     assert tasks.role_outputs(detr) == {"logits": "pred_logits", "boxes": "pred_boxes"}
     named = detr.model_copy(update={"roles": {"boxes": "pred_boxes", "logits": "pred_logits"}})
     assert tasks.role_outputs(named) == {"boxes": "pred_boxes", "logits": "pred_logits"}

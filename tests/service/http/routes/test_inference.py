@@ -11,7 +11,7 @@ from PIL import Image
 
 from service.runtime.manifest import load_manifest
 from service.tasks.detection import font_size
-from tests.conftest import MODEL_REPOSITORY, ROOT, png_bytes, running_app
+from tests.conftest import ROOT, png_bytes, running_app, served_version
 from tests.service.helpers import allowed_region, assert_problem, drawn_mask
 
 pytestmark = pytest.mark.anyio
@@ -117,7 +117,7 @@ async def test_tasks_are_not_mixed_up() -> None:
     assert version["task"] == "detection" and version["labels_count"] == 11
     assert (
         version["metrics"]["test_AP"]
-        == load_manifest(MODEL_REPOSITORY / "detr-digits" / "1" / "model.json").provenance.metrics["test_AP"]
+        == load_manifest(served_version("detr-digits") / "model.json").provenance.metrics["test_AP"]
     )
     assert 0.80 <= version["metrics"]["test_AP"] <= 1  # the target on the digits set
 
