@@ -12,8 +12,8 @@ from tests.conftest import ROOT
 def test_every_series_of_service_core_metrics_is_in_the_operation_table() -> None:
     table = {line.split("|")[1].strip().strip("`") for line in (ROOT / "docs" / "operation.md").read_text().splitlines()
              if line.startswith("| `patchserve_")}  # fmt: skip
-    defined = {
-        f"{m._name}_total" if isinstance(m, Counter) else m._name
+    defined = {  # describe(): the family's name, a counter's without "_total"
+        f"{m.describe()[0].name}_total" if isinstance(m, Counter) else m.describe()[0].name
         for m in vars(metrics).values()
         if isinstance(m, MetricWrapperBase)
     }
