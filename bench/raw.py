@@ -21,17 +21,29 @@ import numpy as np
 
 from service.imaging.images import decode_image
 from service.imaging.preprocess import Preprocessor
+from service.runtime.cpus import usable_cpus
 from service.runtime.manifest import load_manifest
 from service.runtime.sessions import CudaOptions, OrtRunner
+from service.runtime.tuning.measure import measure_point
 
 BATCH_SIZES = (1, 2, 4, 8, 16)
 
 
 def _runner(
-    model_dir: Path, device: str = "cpu", io_binding: bool = False, cudnn_conv_algo_search: str = "EXHAUSTIVE"
+    model_dir: Path,
+    device: str = "cpu",
+    io_binding: bool = False,
+    cudnn_conv_algo_search: str = "EXHAUSTIVE",
+    intra_op_threads: int = 0,
 ) -> OrtRunner:
     cuda = CudaOptions(cudnn_conv_algo_search=cudnn_conv_algo_search)
-    runner = OrtRunner(model_dir / "model.onnx", device=device, io_binding=io_binding, cuda=cuda)  # ORT's threads
+    runner = OrtRunner(
+        model_dir / "model.onnx",
+        device=device,
+        io_binding=io_binding,
+        cuda=cuda,
+        intra_op_threads=intra_op_threads,  # 0: ORT's default, a thread per physical core
+    )
     if not runner.providers.ok:
         raise RuntimeError(runner.providers.reason)
     return runner
@@ -68,35 +80,62 @@ def ort_best_batch(
     device: str = "cpu",
     io_binding: bool = False,
     cudnn_conv_algo_search: str = "EXHAUSTIVE",
+    sessions: int = 1,
 ) -> dict:
     """(a) ONNX Runtime on pre-decoded tensors, at each batch size; the best is the ceiling.
 
+    ``sessions`` 1: one session with ORT's default threads (a thread per physical core), one
+    run at a time. N > 1: N sessions of one intra-op thread each, each running the batch over
+    and over in a thread of its own, side by side (the auto-tuner's
+    :func:`service.runtime.tuning.measure.measure_point`); on a small CPU that can compute more
+    than one wide session, whose threads wait for each other at every operator.
     ``cudnn_conv_algo_search``: the CUDA provider's (``service.runtime.sessions.CudaOptions``); no
     effect on the CPU.
 
     Returns:
-        ``{"images_per_s": best, "best_batch_size": B, "by_batch_size": {B: images/s}, "provider": ...}``.
+        ``{"images_per_s": best, "best_batch_size": B, "by_batch_size": {B: images/s}, "provider": ...,
+        "sessions": N, "intra_op_threads": T}`` (T 0: ORT's default).
     """
-    runner = _runner(model_dir, device, io_binding, cudnn_conv_algo_search)
+    threads = 0 if sessions == 1 else 1
+    runners = [_runner(model_dir, device, io_binding, cudnn_conv_algo_search, threads) for _ in range(sessions)]
     preprocessor = preprocessor_for(model_dir)
     tensors = [decode(preprocessor, f.read_bytes()) for f in files]
     by_size = {}
     for b in batch_sizes:
         batch = np.stack([tensors[i % len(tensors)] for i in range(b)])  # (B, C, H, W)
+        if sessions == 1:
 
-        def step(batch: np.ndarray = batch) -> int:
-            runner.run(batch)
-            return len(batch)
+            def step(batch: np.ndarray = batch) -> int:
+                runners[0].run(batch)
+                return len(batch)
 
-        done, elapsed = _timed(step, seconds)
-        by_size[b] = done / elapsed
+            done, elapsed = _timed(step, seconds)
+            by_size[b] = done / elapsed
+        else:
+            by_size[b] = measure_point([runner.run for runner in runners], batch, seconds)
     best = max(by_size, key=by_size.get)
     return {
         "images_per_s": by_size[best],
         "best_batch_size": best,
         "by_batch_size": by_size,
-        "provider": runner.providers.primary,
+        "provider": runners[0].providers.primary,
+        "sessions": sessions,
+        "intra_op_threads": threads,
     }
+
+
+def ort_best(model_dir: Path, files: Sequence[Path], *, seconds: float, cores: int) -> dict:
+    """(a) on the CPU: the better of one default session and ``cores`` one-thread sessions side by side.
+
+    Returns:
+        The better :func:`ort_best_batch` result, with ``"configurations"``: both results
+        (only the first when ``cores`` is 1).
+    """
+    tried = [ort_best_batch(model_dir, files, seconds=seconds)]
+    if cores > 1:
+        tried.append(ort_best_batch(model_dir, files, seconds=seconds, sessions=cores))
+    best = max(tried, key=lambda r: r["images_per_s"])
+    return best | {"configurations": tried}
 
 
 def decode_and_run(
@@ -147,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=5.0)
     args = parser.parse_args(argv)
     report = {
-        "a_ort_best_batch": ort_best_batch(args.model_dir, args.files, seconds=args.seconds),
+        "a_ort_best": ort_best(args.model_dir, args.files, seconds=args.seconds, cores=usable_cpus().cores),
         "b_decode_sequential": decode_and_run(args.model_dir, args.files, seconds=args.seconds),
         "b_decode_threads": decode_and_run(args.model_dir, args.files, seconds=args.seconds, decode_threads=2),
     }

@@ -128,6 +128,17 @@ def targets(results: dict) -> list[dict]:
     return checks
 
 
+def a_config(a: dict) -> str:
+    """How (a) was measured: its best batch, and the sessions when it was several side by side.
+
+    Results files older than the side-by-side measurement name neither ``sessions`` nor the
+    configurations: one default session.
+    """
+    sessions = a.get("sessions", 1)
+    where = "" if sessions == 1 else f", {sessions} sessions × 1 thread"
+    return f"batch {a['best_batch_size']}{where}"
+
+
 def _fmt(value: float | None, digits: int = 1) -> str:
     return "—" if value is None else f"{value:.{digits}f}"
 
@@ -179,7 +190,7 @@ def markdown(results: dict, path: Path | str) -> str:
             lines.append(f"| {size} | void | void | | | void |")
             continue
         lines.append(
-            f"| {size} | {r['a']['images_per_s']:.1f} (batch {r['a']['best_batch_size']}) | "
+            f"| {size} | {r['a']['images_per_s']:.1f} ({a_config(r['a'])}) | "
             f"{r['b_sequential']['images_per_s']:.1f} | {_fmt(limit.get('decode_cpu_ms'), 2)} | "
             f"{_fmt(limit.get('http_cpu_ms'), 2)} | "
             f"{'void' if limit.get('void', True) else _fmt(limit['images_per_s'])} |"
@@ -195,7 +206,7 @@ def markdown(results: dict, path: Path | str) -> str:
     for trained in results.get("trained", []):
         raw = trained["raw"]
         head = "void" if raw.get("void") else (
-            f"(a) {raw['a']['images_per_s']:.0f} img/s at batch {raw['a']['best_batch_size']}, "
+            f"(a) {raw['a']['images_per_s']:.0f} img/s ({a_config(raw['a'])}), "
             f"(b) {raw['b_sequential']['images_per_s']:.0f} img/s"
         )  # fmt: skip
         lines += ["", f"Trained model `{trained['model']}`, {trained['size']} JPEGs: {head}.", ""]

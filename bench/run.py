@@ -3,7 +3,8 @@
     make bench                      # sets everything up, then runs this (about 35 minutes)
     python -m bench.run --seconds 10 --rounds 3 --docs docs/performance.md
 
-(a) ONNX Runtime alone on pre-decoded tensors at its best batch size; (b) decode, preprocess
+(a) ONNX Runtime alone on pre-decoded tensors at its best batch size (the better of one default
+session and one one-thread session per core side by side, :func:`bench.raw.ort_best`); (b) decode, preprocess
 and ORT in process, one image at a time (and with decoding over 2 threads); (c) patchserve at
 concurrency 1, 4, 16, 64; (d) patchserve with max_batch_size 1; (e) a naive sync FastAPI
 endpoint; (f) LitServe with batching on. Every server is first checked to answer the same top-1
@@ -143,7 +144,7 @@ def measure_raw(model_dir: Path, files: list[Path], seconds: float) -> dict:
 
     def measure() -> dict:
         return {
-            "a": raw.ort_best_batch(model_dir, files, seconds=seconds),
+            "a": raw.ort_best(model_dir, files, seconds=seconds, cores=usable_cpus().cores),
             "b_sequential": raw.decode_and_run(model_dir, files, seconds=seconds),
             "b_threads": raw.decode_and_run(model_dir, files, seconds=seconds, decode_threads=2),
         }

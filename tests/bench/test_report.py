@@ -158,3 +158,13 @@ def test_the_docs_page_is_written_between_its_markers(tmp_path: Path) -> None:
     (tmp_path / "bare.md").write_text("no markers")
     with pytest.raises(ValueError, match="markers"):
         report.write_docs("x", tmp_path / "bare.md")
+
+
+def test_a_measured_with_sessions_side_by_side_says_so_in_the_table() -> None:
+    data = results()
+    data["raw"]["4000x3000"] = data["raw"]["4000x3000"] | {
+        "a": {"images_per_s": 51.0, "best_batch_size": 1, "sessions": 2, "intra_op_threads": 1}
+    }
+    text = report.markdown(data, "bench/results/x.json")
+    assert "| 4000x3000 | 51.0 (batch 1, 2 sessions × 1 thread) | 73.0 |" in text
+    assert "| 640x480 | 94.2 (batch 4) |" in text  # a results file from before: one default session
