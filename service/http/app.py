@@ -230,6 +230,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
             for model in state.repository.all():
                 await model.batcher.stop()
         state.decode_pool.shutdown(wait=False, cancel_futures=True)
+        state.render_pool.shutdown(wait=False, cancel_futures=True)
         if tracer is not None:
             install(None)
             await asyncio.to_thread(tracer.shutdown)  # flushes the spans still buffered

@@ -22,6 +22,8 @@ class ServerState:
     Attributes:
         settings: the validated settings.
         decode_pool: threads that decode and preprocess images.
+        render_pool: the one thread that draws ``render=png`` pictures (one at a time, apart
+            from decoding, so a large picture never holds up other requests' images).
         repository: the loaded models (None until start-up has loaded them).
         draining: set when shutdown begins; readiness turns 503 at once (as it does as soon as
             the process receives SIGTERM, see :mod:`service.core.lifecycle`).
@@ -35,6 +37,7 @@ class ServerState:
 
     settings: Settings
     decode_pool: ThreadPoolExecutor
+    render_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="render"))
     repository: ModelRepository | None = None
     decode_parallelism: int = 1
     draining: bool = False

@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from service.imaging.preprocess import Preprocessor
-from service.imaging.render import displayed_canvas, png_bytes
+from service.imaging.render import displayed_canvas, png_bytes, scale_of
 
 # Anchors of a dark-to-bright colour map (close to matplotlib's "inferno"), interpolated to 256.
 _ANCHORS = np.array(
@@ -174,7 +174,8 @@ def render_png(
         prefix_tokens: the tokens before the patch grid (the manifest's ``attention.prefix_tokens``).
 
     Returns:
-        PNG bytes of an RGB picture of ``size``.
+        PNG bytes of an RGB picture of ``size``, scaled down to
+        :data:`~service.imaging.render.MAX_PICTURE_PIXELS` when larger.
     """
     return render_heat_png(image, size, rollout_grid(attentions, grid, prefix_tokens), preprocessor, caption=caption)
 
@@ -208,5 +209,7 @@ def render_heat_png(
     See :func:`render_png` for ``image``, ``size``, ``preprocessor`` and ``caption``.
     """
     canvas = displayed_canvas(image, size)
-    region = preprocessor.input_region(*size)
+    sx, sy = scale_of(canvas, size)
+    left, top, right, bottom = preprocessor.input_region(*size)
+    region = (left * sx, top * sy, right * sx, bottom * sy)
     return png_bytes(heatmap_image(canvas, heat, region, caption=caption))

@@ -3,16 +3,51 @@
 from __future__ import annotations
 
 import io
+import math
 
 from PIL import Image
 
+# The most pixels a picture is drawn with (2048 x 2048). A larger displayed image is drawn scaled
+# down to this, aspect kept, so drawing and PNG-encoding cost a bounded time and memory whatever
+# the upload (a 1-bit 8000x5000 PNG, drawn full size, took seconds of a core and about 2 GB); a
+# picture is for looking at, the JSON keeps the full-resolution boxes.
+MAX_PICTURE_PIXELS = 2048 * 2048
+
+_RESIZED_AS_IS = frozenset({"1", "L", "LA", "RGB", "RGBA", "RGBX"})  # modes Pillow resizes without a convert
+
+
+def picture_size(size: tuple[int, int]) -> tuple[int, int]:
+    """The (width, height) in pixels a picture of an image displayed at ``size`` is drawn at.
+
+    ``size`` itself up to :data:`MAX_PICTURE_PIXELS`; beyond, scaled down to fit, aspect kept
+    (each side at least 1).
+    """
+    width, height = size
+    if width * height <= MAX_PICTURE_PIXELS:
+        return width, height
+    scale = math.sqrt(MAX_PICTURE_PIXELS / (width * height))
+    return max(1, int(width * scale)), max(1, int(height * scale))
+
 
 def displayed_canvas(image: Image.Image, size: tuple[int, int]) -> Image.Image:
-    """``image`` in RGB at ``size`` (width, height): the displayed size, when it was decoded smaller."""
-    canvas = image.convert("RGB")
-    if canvas.size != tuple(size):
-        canvas = canvas.resize(size, Image.Resampling.BILINEAR)
-    return canvas
+    """``image`` in RGB, at the size its picture is drawn: :func:`picture_size` of ``size`` (width, height).
+
+    ``size`` is the displayed size (the image may have been decoded smaller, a JPEG in draft
+    mode). The image is resized before it is converted, so a large one is never converted whole.
+    """
+    target = picture_size(size)
+    if image.size == target:
+        return image.convert("RGB")
+    if image.mode not in _RESIZED_AS_IS:
+        image = image.convert("RGB")
+    # 1-bit (and palette) images resize by nearest neighbour in Pillow; reducing_gap: a box
+    # reduction first, then bilinear, so a 40 MP image shrinks in a fraction of a second
+    return image.resize(target, Image.Resampling.BILINEAR, reducing_gap=3.0).convert("RGB")
+
+
+def scale_of(canvas: Image.Image, size: tuple[int, int]) -> tuple[float, float]:
+    """(x, y) factors from pixels of the displayed ``size`` to pixels of ``canvas`` (1.0 when drawn full size)."""
+    return canvas.width / size[0], canvas.height / size[1]
 
 
 def png_bytes(image: Image.Image) -> bytes:

@@ -86,10 +86,15 @@ class Task(Protocol[P]):
             params: the request's validated ``Params``.
         """
 
+    def draws(self, model: ModelVersion) -> bool:
+        """Whether :meth:`picture` can draw for ``model`` (an ``Accept: image/png`` gets JSON when not)."""
+
     def picture(self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: P) -> bytes:
         """PNG bytes for ``render=png`` of one image, given the fields :meth:`fields` returned.
 
-        Blocking (draws and encodes): the route runs it in the decode thread pool.
+        Blocking (draws and encodes): the route runs it in its own one-thread pool, never the
+        decode pool, within the request's deadline. A picture has at most
+        :data:`~service.imaging.render.MAX_PICTURE_PIXELS` pixels.
 
         Raises:
             ProblemError: the model cannot draw this (e.g. no attention maps: 422).
@@ -115,6 +120,10 @@ class BaseTask(Generic[P]):
 
     def check_manifest(self, manifest: Manifest) -> None:
         """No checks beyond the manifest's own."""
+
+    def draws(self, model: ModelVersion) -> bool:
+        """A task that draws at all draws for every model of it."""
+        return self.picture_help is not None
 
     def picture(self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: P) -> bytes:
         """Never called: ``picture_help`` is None."""

@@ -82,6 +82,10 @@ class Classification(BaseTask[ClassifyParams]):
         """``{"predictions": [...]}``: :func:`classify` of the ``logits`` row."""
         return {"predictions": classify(output(model, outcome, "logits"), model.manifest.labels, params.top_k)}
 
+    def draws(self, model: ModelVersion) -> bool:
+        """A model with attention maps (rollout) or per-token class scores (class activation map)."""
+        return model.manifest.attention is not None or model.manifest.class_maps is not None
+
     def picture(
         self, model: ModelVersion, outcome: ImageOutcome, fields: dict[str, Any], params: ClassifyParams
     ) -> bytes:

@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.imaging import resize
-from service.imaging.render import displayed_canvas, png_bytes
+from service.imaging.render import displayed_canvas, png_bytes, scale_of
 from service.tasks.base import BaseTask, decoded, options, output, register, result_schema
 from service.tasks.detection_scores import RULES
 
@@ -138,9 +138,11 @@ def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], si
         size: (width, height) of the displayed image, in pixels.
 
     Returns:
-        A new RGB image of ``size``.
+        A new RGB image of ``size``, scaled down to :data:`~service.imaging.render.MAX_PICTURE_PIXELS`
+        when larger (the boxes with it).
     """
     canvas = displayed_canvas(image, size)
+    sx, sy = scale_of(canvas, size)
     width, height = canvas.size
     stroke = line_width(width, height)
     font = ImageFont.load_default(size=font_size(width, height))
@@ -148,8 +150,8 @@ def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], si
     for det in sorted(detections, key=lambda d: d["score"]):
         colour = PALETTE[det["class_id"] % len(PALETTE)]
         box = det["box"]
-        x0, y0 = round(box["xmin"]), round(box["ymin"])
-        x1, y1 = max(x0, round(box["xmax"]) - 1), max(y0, round(box["ymax"]) - 1)  # edges -> last pixel
+        x0, y0 = round(box["xmin"] * sx), round(box["ymin"] * sy)
+        x1, y1 = max(x0, round(box["xmax"] * sx) - 1), max(y0, round(box["ymax"] * sy) - 1)  # edges -> last pixel
         draw.rectangle((x0, y0, x1, y1), outline=colour, width=stroke)
         text = f"{det['label']} {det['score']:.2f}"
         left, top, right, bottom = draw.textbbox((0, 0), text, font=font)

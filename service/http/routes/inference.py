@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from pydantic import BaseModel
 
 from service import tasks
-from service.core.errors import BadRequest
+from service.core.errors import BadRequest, DeadlineExceeded
 from service.http.accounting import accounted
 from service.http.deps import Repository, State
 from service.http.lifetime import (
@@ -55,43 +55,76 @@ def require_task(model: ModelVersion, task: Task[Any]) -> None:
     )
 
 
-def _wants_png(request: Request, render_as: str | None) -> bool:
-    """``?render=png``; or no ``render`` and an ``Accept`` header that prefers image/png to JSON.
+def _prefers_png(request: Request) -> bool:
+    """Whether the ``Accept`` header prefers image/png to JSON.
 
-    Of ``image/png`` and ``application/json`` in ``Accept``, the higher quality value (RFC 9110,
-    Sec. 12.4.2) wins, the one listed first on a tie; ``q=0`` means not acceptable. Wildcards
-    (``image/*``, ``*/*``) do not ask for a picture.
+    Of ``image/png`` and ``application/json`` in ``Accept``, image/png must have the strictly
+    higher quality value (RFC 9110, Sec. 12.4.2), or be listed without JSON; on a tie the
+    server's default, JSON, wins (the order of the list carries no preference). ``q=0`` means
+    not acceptable. Wildcards (``image/*``, ``*/*``) do not ask for a picture.
     """
-    if render_as is not None:
-        return render_as == "png"
-    best: tuple[float, int, str] | None = None
-    for index, item in enumerate(request.headers.get("accept", "").split(",")):
+    quality: dict[str, float] = {}
+    for item in request.headers.get("accept", "").split(","):
         media, *params = (part.strip() for part in item.split(";"))
-        if media.lower() not in ("image/png", "application/json"):
+        media = media.lower()
+        if media not in ("image/png", "application/json"):
             continue
-        quality = 1.0
+        q = 1.0
         for param in params:
             key, _, value = param.partition("=")
             if key.strip().lower() == "q":
                 try:
-                    quality = float(value)
+                    q = float(value)
                 except ValueError:
-                    quality = 0.0
-        if best is None or (quality, -index) > best[:2]:
-            best = (quality, -index, media.lower())
-    return best is not None and best[2] == "image/png" and best[0] > 0
+                    q = 0.0
+        quality[media] = max(q, quality.get(media, 0.0))
+    png = quality.get("image/png", 0.0)
+    return png > 0 and png > quality.get("application/json", 0.0)
+
+
+def _wants_png(request: Request, render_as: str | None) -> bool:
+    """``?render=png``; or no ``render`` and an ``Accept`` header that prefers image/png (:func:`_prefers_png`)."""
+    if render_as is not None:
+        return render_as == "png"
+    return _prefers_png(request)
 
 
 async def _picture(
-    state: State, task: Task[Any], model: ModelVersion, body: dict[str, Any], outcomes: list[ImageOutcome], params: Any
-) -> Response:
-    """The task's ``render=png`` of a one-image request, drawn in the decode pool."""
+    state: State,
+    task: Task[Any],
+    model: ModelVersion,
+    body: dict[str, Any],
+    outcomes: list[ImageOutcome],
+    params: Any,
+    deadline: float,
+) -> tuple[Response, float]:
+    """The task's picture of a one-image request and the seconds it took, drawn in the render pool.
+
+    One picture is drawn at a time per worker (``state.render_pool``: one thread), never in the
+    decode pool, so a large picture cannot hold up other requests' decoding; waiting for it and
+    drawing it count against the request's deadline.
+
+    Raises:
+        BadRequest: more than one image.
+        DeadlineExceeded: the deadline passed before the picture was drawn (504).
+    """
     if len(outcomes) != 1:
         raise BadRequest(f"render=png draws one image; this request has {len(outcomes)}. Send one, or ask for JSON")
-    drawn = await asyncio.get_running_loop().run_in_executor(
-        state.decode_pool, task.picture, model, outcomes[0], body, params
+    clock = model.batcher.clock
+    started = clock.now()
+    drawn = asyncio.get_running_loop().run_in_executor(
+        state.render_pool, task.picture, model, outcomes[0], body, params
     )
-    return Response(drawn, media_type="image/png")
+    try:
+        async with asyncio.timeout(max(deadline - started, 0.0)):
+            png = await drawn
+    except TimeoutError:
+        raise DeadlineExceeded(
+            "the request's deadline passed while its picture was being drawn (pictures are drawn one at a "
+            "time); give it a longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT), "
+            "or ask for JSON"
+        ) from None
+    return Response(png, media_type="image/png"), clock.now() - started
 
 
 async def serve(
@@ -113,7 +146,8 @@ async def serve(
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         require_task(model, task)
         settings = state.settings
-        picture = task.picture_help is not None and _wants_png(request, getattr(params, "render", None))
+        render_as = getattr(params, "render", None)
+        picture = task.picture_help is not None and _wants_png(request, render_as)
         payloads = await body_by_deadline(
             read_images(
                 request,
@@ -129,6 +163,8 @@ async def serve(
             raise BadRequest(f"{task.verb} draws no picture (render=png is for {drawn}); leave render out for JSON")
         if model.batcher.clock.now() >= deadline:  # say so, not "while this image was being decoded"
             raise deadline_passed_after_the_body()
+        if picture and render_as is None and (len(payloads) != 1 or not task.draws(model)):
+            picture = False  # Accept: image/png is a preference: JSON when there is no one picture to draw
         outcomes = await unless_disconnected(
             request,
             infer_images(
@@ -145,11 +181,12 @@ async def serve(
         )
         request.state.batch_sizes = [o.result.batch_size for o in outcomes if o.result is not None]
         body = response_body(model, outcomes, lambda o: task.fields(model, o, params), instance=request_id(request))
+        phases = timings(outcomes)
         if picture:
-            response = await _picture(state, task, model, body, outcomes, params)
+            response, phases["render"] = await _picture(state, task, model, body, outcomes, params, deadline)
         else:
             response = JSON(body)
-    response.headers["Server-Timing"] = server_timing(**timings(outcomes))
+    response.headers["Server-Timing"] = server_timing(**phases)
     return response
 
 

@@ -198,9 +198,11 @@ async def test_picture_errors_are_problems() -> None:
     ("accept", "png"),
     [
         ("image/png", True),
-        ("image/png, application/json", True),
+        ("image/png, application/json", False),  # a tie: the server's default
+        ("image/png, application/json;q=0.9", True),
         ("application/json, image/png", False),
         ("application/json;q=0.5, image/png", True),
+        ("IMAGE/PNG;Q=0.8, application/json;q=0.7", True),
         ("image/png;q=0, application/json", False),
         ("image/png;q=0", False),
         ("application/json, image/png;q=0.1", False),
@@ -209,7 +211,7 @@ async def test_picture_errors_are_problems() -> None:
         ("", False),
     ],
 )
-def test_accept_asks_for_the_picture_only_when_it_prefers_png(accept: str, png: bool) -> None:
+def test_accept_asks_for_the_picture_only_when_it_prefers_png_to_json(accept: str, png: bool) -> None:
     from starlette.requests import Request
 
     from service.http.routes.inference import _wants_png

@@ -1,0 +1,86 @@
+"""``render=png`` and ``Accept: image/png`` beside the rest of the server: when a picture is drawn,
+where (its own thread, not the decode pool), within which deadline, and when JSON answers instead."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from service.tasks.detection import TASK as DETECTION
+from tests.conftest import ROOT, png_bytes, running_app
+from tests.service.helpers import assert_problem
+
+pytestmark = pytest.mark.anyio
+
+CANVAS = (ROOT / "examples" / "canvas.png").read_bytes()
+DETECT = "/v1/models/detr-digits/detect"
+DIGIT = "/v1/models/vit-digits/classify"  # a ViT exported without attention maps
+
+
+class HeldPicture:
+    """The detection task's picture, held until :meth:`release` (a picture that takes long to draw)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.released = threading.Event()
+
+    def release(self) -> None:
+        self.released.set()
+
+
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldPicture]:
+    hold = HeldPicture()
+    draw = type(DETECTION).picture
+
+    def picture(self, *args):  # type: ignore[no-untyped-def]
+        hold.started.set()
+        hold.released.wait(60)  # a bound, so a broken test ends; never reached when it passes
+        return draw(self, *args)
+
+    monkeypatch.setattr(type(DETECTION), "picture", picture)
+    yield hold
+    hold.release()
+
+
+async def test_a_picture_being_drawn_holds_up_no_other_request(held: HeldPicture) -> None:
+    # One decode thread: drawn in the decode pool, the held picture would stop every other image.
+    async with running_app(decode_threads=1) as client:
+        drawing = asyncio.ensure_future(client.post(DETECT + "?render=png", files={"image": CANVAS}))
+        assert await asyncio.to_thread(held.started.wait, 60)
+        other = await client.post(DETECT, files={"image": CANVAS})
+        assert other.status_code == 200 and other.json()["detections"]
+        assert not drawing.done()  # still drawing: the other request did not wait for it
+        held.release()
+        picture = await drawing
+    assert picture.status_code == 200 and picture.headers["content-type"] == "image/png"
+    assert "render;dur=" in picture.headers["server-timing"]
+
+
+async def test_a_picture_is_drawn_within_the_requests_deadline(held: HeldPicture) -> None:
+    async with running_app() as client:
+        late = await client.post(DETECT + "?render=png&timeout=0.5", files={"image": CANVAS})
+        held.release()
+        after = await client.post(DETECT + "?render=png", files={"image": CANVAS})
+    assert_problem(late, 504, "picture")
+    assert after.status_code == 200 and after.headers["content-type"] == "image/png"
+
+
+async def test_accept_image_png_gets_json_when_there_is_no_one_picture_to_draw() -> None:
+    digit = png_bytes(np.zeros((8, 8), np.uint8))
+    png = {"Accept": "image/png"}
+    async with running_app() as client:
+        no_attention = await client.post(DIGIT, files={"image": digit}, headers=png)
+        asked = await client.post(DIGIT + "?render=png", files={"image": digit})
+        two = await client.post(DETECT, files=[("image", CANVAS), ("image", CANVAS)], headers=png)
+        asked_two = await client.post(DETECT + "?render=png", files=[("image", CANVAS), ("image", CANVAS)])
+        tie = await client.post(DETECT, files={"image": CANVAS}, headers={"Accept": "image/png, application/json"})
+    assert no_attention.status_code == 200 and no_attention.json()["predictions"]
+    assert_problem(asked, 422, "attention")  # asked for by name: say why not
+    assert two.status_code == 200 and len(two.json()["results"]) == 2
+    assert_problem(asked_two, 400, "one image")
+    assert tie.status_code == 200 and tie.headers["content-type"].startswith("application/json")
