@@ -15,6 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.core.errors import PROBLEM_MEDIA_TYPE, InvalidParameter, ProblemError
 from service.http import accounting
+from service.http.methods import allowed_methods
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,12 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        error = ProblemError(str(exc.detail), headers=dict(exc.headers or {}))
+        headers = dict(exc.headers or {})
+        if exc.status_code == 405:  # every route of the path, not the first one's (service/http/methods.py)
+            headers["Allow"] = ", ".join(
+                allowed_methods(getattr(request.app.state, "routes", request.app.router.routes), request.scope)
+            )
+        error = ProblemError(str(exc.detail), headers=headers)
         error.status, error.slug = exc.status_code, f"http-{exc.status_code}"
         error.title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
         return error_response_for(request.url.path, error, request_id(request))

@@ -19,12 +19,12 @@ from fastapi import APIRouter, Depends, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.routing import Match
 
 from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, get_repository
 from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
+from service.http.methods import allowed_methods
 from service.http.problems import protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.uploads import read_body
@@ -300,13 +300,8 @@ _ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 def _allowed_methods(request: Request) -> list[str]:
     """The methods the other /v2 routes take on this request's path (empty: no route has the path)."""
-    allowed: set[str] = set()
-    for route in router.routes:
-        if isinstance(route, APIRoute) and route.endpoint is not unknown:
-            match, _ = route.matches({**request.scope, "method": ""})  # no method matches: PARTIAL = the path does
-            if match != Match.NONE:
-                allowed |= route.methods or set()  # FastAPI types it Optional: None adds no method
-    return sorted(allowed)
+    routes = [r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is not unknown]
+    return allowed_methods(routes, request.scope)
 
 
 @router.api_route("", methods=_ANY_METHOD, include_in_schema=False)

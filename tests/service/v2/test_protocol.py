@@ -434,11 +434,12 @@ async def test_v2_405_404_401_are_protocol_errors_with_the_right_allow() -> None
         v1_put = await client.put("/v1/models", headers=key)
     assert_error(unauthorized, 401, "API key")
     assert unauthorized.headers["www-authenticate"] == "Bearer"
-    for response, allow in ((options, "GET, HEAD"), (put, "GET, HEAD"), (post_meta, "GET"), (get_infer, "POST")):
+    for response, allow in ((options, "GET, HEAD"), (put, "GET, HEAD"), (post_meta, "GET, HEAD"), (get_infer, "POST")):
         assert_error(response, 405, "not allowed")
         assert response.headers["allow"] == allow
     assert_error(nowhere, 404, "no such endpoint")
     assert v1_put.status_code == 405 and v1_put.headers["content-type"] == "application/problem+json"
+    assert v1_put.headers["allow"] == "GET, HEAD"
 
 
 async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> None:
