@@ -84,7 +84,7 @@ class Settings(BaseSettings):
     # Structure limits of the JPEG and PNG pre-scan (service/imaging/prescan.py), checked before Pillow parses a byte.
     max_jpeg_scans: int = Field(64, ge=1, description="Scans (SOS markers) in a JPEG (413); encoders write ~10.")
     max_jpeg_scan_pixels: int = Field(
-        1_000_000_000, ge=1, description="Scans x width x height of a JPEG, the work of decoding it (413)."
+        1_000_000_000, ge=1, description="Scans x width x height of a JPEG of 2+ scans, the work of decoding it (413)."
     )
     max_jpeg_segments: int = Field(1024, ge=16, description="Marker segments in a JPEG (413); cameras write ~20.")
     max_jpeg_fill_bytes: int = Field(

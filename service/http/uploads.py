@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -25,6 +26,9 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, InvalidImage, PayloadTooLarge
 from service.http.openapi import DIGIT_PNG_BASE64
+
+# python-multipart logs a malformed body's fault as a warning before it raises; the 400 says it
+logging.getLogger("python_multipart.multipart").setLevel(logging.ERROR)
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks  # a TypedDict its stubs define for type checkers only
@@ -160,6 +164,25 @@ class _Parts:
         self.data = []
 
 
+# python-multipart's messages for a malformed body, by their first words, in a client's terms.
+_MULTIPART_FAULTS = (
+    ("Found invalid character", "a part's header line is not 'Name: value'"),
+    ("Did not find CR at end of boundary", "a boundary line does not end with CRLF"),
+    ("Did not find boundary character", "a boundary line does not match the boundary of the Content-Type"),
+    ("Did not find LF at end of header", "a part's header line ends with CR but no LF"),
+    ("Did not find LF", "a line ends with CR but no LF"),
+)
+
+
+def _multipart_fault(exc: Exception, received: int) -> str:
+    """What is wrong with a multipart body, from python-multipart's error, at which byte of the body."""
+    message = str(exc)
+    fault = next((words for prefix, words in _MULTIPART_FAULTS if message.startswith(prefix)), None)
+    offset = getattr(exc, "offset", None)
+    where = f" (at byte {received + offset} of the body)" if isinstance(offset, int) and offset >= 0 else ""
+    return (fault or f"the parser stopped: {message}") + where
+
+
 class _MultipartImages:
     """Collects the parts named ``image`` from a multipart body fed in chunks.
 
@@ -171,6 +194,7 @@ class _MultipartImages:
 
     def __init__(self, boundary: bytes, *, max_images: int, max_parts: int) -> None:
         self._parts = _Parts(max_images=max_images, max_parts=max_parts)
+        self._received = 0  # bytes written before the current chunk, for the offset of a fault
         try:
             self._parser = MultipartParser(boundary, self._parts.callbacks())
         except Exception as exc:  # e.g. a boundary over python-multipart's 256-character limit
@@ -182,7 +206,8 @@ class _MultipartImages:
         except BadRequest:
             raise
         except Exception as exc:  # python-multipart raises its own errors for malformed bodies
-            raise BadRequest(f"malformed multipart body: {exc}") from None
+            raise BadRequest(f"malformed multipart body: {_multipart_fault(exc, self._received)}") from None
+        self._received += len(chunk)
 
     def finish(self) -> list[bytes]:
         if self._parts.count == 0:
@@ -220,6 +245,10 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
+        if body.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in body[:4]:  # a BOM, or UTF-16/32's zero bytes
+            raise BadRequest(
+                "the body is not valid JSON: JSON must be UTF-8 (RFC 8259, Sec. 8.1); this looks like UTF-16 or UTF-32"
+            ) from None
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     encoded = document.get("images") if isinstance(document, dict) else None
     if not isinstance(encoded, list) or not encoded or not all(isinstance(s, str) for s in encoded):
@@ -277,8 +306,13 @@ async def read_images(
     media_type = content_type.split(";", 1)[0].strip().lower()
     accepted = media_type in ("multipart/form-data", "application/json", *RAW_TYPES) or media_type.startswith("image/")
     if not accepted:
+        what = (
+            f"content type {(media_type or content_type.strip())[:100]!r}"
+            if content_type.strip()
+            else "no content type"
+        )
         raise InvalidImage(
-            f"content type {media_type or '(none)'!r} is not accepted; send multipart/form-data with an "
+            f"{what} is not accepted; send multipart/form-data with an "
             f"'image' part, a raw body with an image/* type, or JSON {{\"images\": [base64]}}"
         )
     if media_type == "multipart/form-data":

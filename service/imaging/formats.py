@@ -99,6 +99,9 @@ def sniff_format(data: bytes) -> str | None:
 
 
 def unidentified(data: bytes) -> InvalidImage:
+    """The 415 of data Pillow could not identify: the format's name when its signature is there."""
+    if data == b"\xff\xd8":  # SOI and no more: a JPEG cut short before its signature's third byte
+        return InvalidImage("the JPEG image is truncated: the data ends after its start-of-image marker")
     name = sniff_format(data)
     if name == "HEIC/HEIF" and not HEIF_AVAILABLE:
         return InvalidImage(

@@ -58,9 +58,10 @@ class PrescanLimits:
 
     Attributes:
         max_jpeg_scans: SOS markers (scans) in a JPEG; libjpeg's progressive default is 10.
-        max_jpeg_scan_pixels: scans x width x height of a JPEG, the work of decoding it
-            (a progressive JPEG is decoded scan by scan over the whole image): 1e9 lets a
-            40-megapixel photo have 25 scans.
+        max_jpeg_scan_pixels: scans x width x height of a JPEG of two or more scans, the work
+            of decoding it (a progressive JPEG is decoded scan by scan over the whole image):
+            1e9 lets a 40-megapixel photo have 25 scans. A single scan's size is the image
+            pixel limit's (``PATCHSERVE_MAX_IMAGE_PIXELS``) to refuse, in its own words.
         max_jpeg_segments: marker segments of a JPEG, header and between scans.
         max_jpeg_fill_bytes: bytes between a JPEG's segments that are not part of a marker
             (0xFF fill, T.81 B.1.1.2, and junk Pillow skips one byte at a time).
@@ -170,7 +171,8 @@ def scan_jpeg(data: bytes, limits: PrescanLimits) -> None:
                 f"the JPEG image has more than {limits.max_jpeg_scans} scans (PATCHSERVE_MAX_JPEG_SCANS); encoders "
                 "write about 10: a scan bomb?"
             )
-        if scans * pixels > limits.max_jpeg_scan_pixels:
+        # one scan's size is the image pixel limit's to refuse (Pillow reads it from the header)
+        if scans > 1 and scans * pixels > limits.max_jpeg_scan_pixels:
             raise PayloadTooLarge(
                 f"the JPEG image has at least {scans} scans of {pixels} pixels, more work than the limit of "
                 f"{limits.max_jpeg_scan_pixels} scan pixels (PATCHSERVE_MAX_JPEG_SCAN_PIXELS)"

@@ -258,12 +258,12 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
                 limits.min <= inferred.min() and inferred.max() <= limits.max,
                 f"input {name!r}: data is not a {datatype} tensor: a value is outside [{limits.min}, {limits.max}]",
             )
-        # A number beyond a float datatype's range becomes an infinity, as Triton's cast makes it
-        # (1e39 in FP32): expected, so numpy's overflow warning is silenced.
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore"):  # beyond a float's range: an infinity, as Triton's cast (1e39 in FP32)
             array = inferred.astype(dtype)
     except (ValueError, TypeError, OverflowError) as exc:
-        raise BadRequest(f"input {name!r}: data is not a {datatype} tensor: {exc}") from None
+        ragged = "inhomogeneous" in str(exc)  # numpy's words for nested lists of different lengths: say so
+        fault = "its nested lists are ragged; send the values flat in row-major order" if ragged else str(exc)
+        raise BadRequest(f"input {name!r}: data is not a {datatype} tensor: {fault}") from None
     _require(
         array.size == count,
         f"input {name!r}: data has {array.size} elements but shape {shape} needs {count}",
@@ -313,7 +313,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     timeout_us = parameters.get("timeout", 0)
     _require(
         isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us >= 0,
-        "parameters.timeout must be a non-negative integer (microseconds)",
+        f"parameters.timeout must be a non-negative integer number of microseconds, not {str(timeout_us)[:40]}",
     )
 
     entries = document.get("inputs")

@@ -149,3 +149,8 @@ def test_an_uncompressed_tga_is_not_named_a_cur() -> None:
     cur = b"\x00\x00\x02\x00" + cursor.getvalue()[4:]  # an ICO's directory with a cursor's type: a CUR
     with pytest.raises(InvalidImage, match="CUR files are not accepted"):
         decode_image(cur, color_mode="RGB", max_pixels=10**6)
+
+
+def test_a_jpeg_cut_after_its_start_marker_is_truncated_not_unknown() -> None:
+    with pytest.raises(InvalidImage, match="the JPEG image is truncated"):
+        decode_image(b"\xff\xd8", color_mode="RGB", max_pixels=10**6)

@@ -226,3 +226,14 @@ async def test_bombs_sent_with_ordinary_requests_never_reach_pillow(bombs, monke
     # Each ordinary file is opened once (its header read for the pixel budget, then decoded from
     # there: issue 14, no second pre-scan and parse); not one bomb.
     assert sorted(opened) == sorted([len(ordinary), len(ordinary_jpeg)] * 4)
+
+
+def test_a_single_scan_over_the_scan_budget_is_left_to_the_image_pixel_limit() -> None:
+    # A 65535x65535 baseline JPEG header: its 413 says the image is over the 40 MP limit, not that
+    # it has "at least 1 scans" of too many pixels (a fresh user found the scan words confusing).
+    data = bytearray(_jpeg((16, 16)))
+    sof = data.find(b"\xff\xc0")
+    data[sof + 5 : sof + 9] = (65535).to_bytes(2, "big") * 2
+    prescan(bytes(data), LIMITS)  # passes: one scan
+    with pytest.raises(PayloadTooLarge, match="declares 4294836225 pixels; the limit is 40000000"):
+        decode_image(bytes(data), color_mode="RGB", max_pixels=40_000_000)

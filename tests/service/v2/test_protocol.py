@@ -463,6 +463,7 @@ async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> Non
         ("BOOL", [1, 0, 1], "true or false"),
         ("FP16", ["1", 0, 0], "must all be numbers"),
         ("INT64", [None, 1, 2], "must all be numbers"),
+        ("FP32", [[1.0, 2.0], [3.0]], "its nested lists are ragged"),  # not numpy's "inhomogeneous shape"
     ],
 )
 def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: str, data: list, problem: str) -> None:
@@ -474,6 +475,9 @@ def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: st
 
     with pytest.raises(BadRequest, match=re.escape(problem)):
         parse_infer_request(request(data), None)
+    timeout = orjson.dumps({"inputs": orjson.loads(request(data))["inputs"], "parameters": {"timeout": 1e30}})
+    with pytest.raises(BadRequest, match=re.escape("integer number of microseconds, not 1e+30")):
+        parse_infer_request(timeout, None)
     fine = {"UINT8": [0, 255, 7], "INT8": [-128, 127, 0], "INT32": [1, -2, 3], "BOOL": [True, False, True]}
     if datatype in fine:
         parsed = parse_infer_request(request(fine[datatype]), None)
