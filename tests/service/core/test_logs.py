@@ -79,6 +79,20 @@ async def test_a_long_path_is_cut_in_the_log_line(caplog: pytest.LogCaptureFixtu
     assert len(line.getMessage()) < MAX_LOGGED_PATH + 200
 
 
+async def test_a_path_cannot_forge_a_log_line(caplog: pytest.LogCaptureFixture) -> None:
+    # %0a in the URL is a line feed in the decoded path: written raw, the text log had a second,
+    # forged line ("... INFO patchserve.access [1] POST /admin status=200"); %00 wrote a NUL.
+    caplog.set_level(logging.INFO, logger=ACCESS_LOGGER)
+    async with running_app() as client:
+        caplog.clear()
+        forged = "/v1/models/x%0a2026-12-04%2011:00:00,000%20INFO%20POST%20/admin%20status=200%00%E2%80%A8/classify"
+        assert (await client.post(forged, files={"image": DIGIT_7})).status_code == 404
+    (line,) = [r for r in caplog.records if r.name == ACCESS_LOGGER and r.getMessage().startswith("POST")]
+    message = line.getMessage()
+    assert "\n" not in message and "\x00" not in message and "\u2028" not in message
+    assert line.path == "/v1/models/x\\n2026-12-04 11:00:00,000 INFO POST /admin status=200\\x00\\u2028/classify"
+
+
 def test_python_warnings_are_json_lines_in_json_mode() -> None:
     # Pillow's "Corrupt EXIF data" and other warnings went to stderr as multi-line text.
     script = (
