@@ -187,6 +187,8 @@ async def serve(
         else:
             response = JSON(body)
     response.headers["Server-Timing"] = server_timing(**phases)
+    if task.picture_help is not None:  # the same URL answers JSON or a PNG by Accept: caches must key on it
+        response.headers["Vary"] = "Accept"
     return response
 
 

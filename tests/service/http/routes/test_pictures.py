@@ -84,3 +84,15 @@ async def test_accept_image_png_gets_json_when_there_is_no_one_picture_to_draw()
     assert two.status_code == 200 and len(two.json()["results"]) == 2
     assert_problem(asked_two, 400, "one image")
     assert tie.status_code == 200 and tie.headers["content-type"].startswith("application/json")
+    for response in (no_attention, two, tie):  # JSON or a PNG by Accept at the same URL: RFC 9110, Sec. 12.5.5
+        assert response.headers["vary"] == "Accept"
+
+
+async def test_a_picture_varies_by_accept_and_embeddings_do_not() -> None:
+    async with running_app() as client:
+        picture = await client.post(DETECT, files={"image": CANVAS}, headers={"Accept": "image/png"})
+        embedding = await client.post(
+            "/v1/models/vit-digits/embed", files={"image": png_bytes(np.zeros((8, 8), np.uint8))}
+        )
+    assert picture.headers["content-type"] == "image/png" and picture.headers["vary"] == "Accept"
+    assert embedding.status_code == 200 and "vary" not in embedding.headers
