@@ -9,11 +9,24 @@ content (Sec. 9.3.2), and a 405's ``Allow`` lists the methods the target support
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar
 
 from fastapi import APIRouter
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def catch_all(endpoint: F) -> F:
+    """Mark a route's endpoint as a catch-all (any method, any path under a prefix): never a path's own method."""
+    endpoint.__catch_all__ = True  # type: ignore[attr-defined]
+    return endpoint
+
+
+def _is_catch_all(route: BaseRoute) -> bool:
+    return bool(getattr(getattr(route, "endpoint", None), "__catch_all__", False))
 
 
 def route_table(app_routes: Iterable[BaseRoute], routers: Iterable[APIRouter]) -> list[BaseRoute]:
@@ -39,11 +52,12 @@ def _first_full_match(routes: Iterable[BaseRoute], scope: Scope, method: str) ->
 def allowed_methods(routes: Iterable[BaseRoute], scope: Scope) -> list[str]:
     """The methods the routes take on the scope's path, sorted; HEAD wherever GET is (:class:`HeadAsGet`).
 
-    Empty when no route has the path. A route of any method that matches every path (a
-    catch-all) is the caller's to leave out of ``routes``.
+    Empty when no route has the path. A catch-all (:func:`catch_all`) is no path's own route.
     """
     allowed: set[str] = set()
     for route in routes:
+        if _is_catch_all(route):
+            continue
         match, _ = route.matches({**scope, "method": ""})  # no method matches: PARTIAL means the path does
         if match != Match.NONE:
             allowed |= getattr(route, "methods", None) or set()

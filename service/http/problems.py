@@ -105,14 +105,18 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        headers = dict(exc.headers or {})
-        if exc.status_code == 405:  # every route of the path, not the first one's (service/http/methods.py)
-            headers["Allow"] = ", ".join(
-                allowed_methods(getattr(request.app.state, "routes", request.app.router.routes), request.scope)
-            )
-        error = ProblemError(str(exc.detail), headers=headers)
-        error.status, error.slug = exc.status_code, f"http-{exc.status_code}"
-        error.title = {404: "Not found", 405: "Method not allowed"}.get(exc.status_code, "HTTP error")
+        headers, status, detail = dict(exc.headers or {}), exc.status_code, str(exc.detail)
+        if status == 405:  # every route of the path, not the first one's (service/http/methods.py)
+            routes = getattr(request.app.state, "routes", request.app.router.routes)
+            if allowed := ", ".join(allowed_methods(routes, request.scope)):
+                headers["Allow"] = allowed
+                detail = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
+            else:  # only a catch-all has the path (TRACE on /v2/anything)
+                headers.pop("Allow", None)
+                status, detail = 404, f"no such endpoint: {request.method} {request.url.path}"
+        error = ProblemError(detail, headers=headers)
+        error.status, error.slug = status, f"http-{status}"
+        error.title = {404: "Not found", 405: "Method not allowed"}.get(status, "HTTP error")
         return error_response_for(request.url.path, error, request_id(request))
 
     @app.exception_handler(Exception)

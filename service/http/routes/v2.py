@@ -24,7 +24,7 @@ from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, get_repository
 from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
-from service.http.methods import allowed_methods
+from service.http.methods import allowed_methods, catch_all
 from service.http.problems import protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.uploads import read_body
@@ -298,14 +298,9 @@ async def infer_version(name: str, version: str, request: Request, state: State)
 _ANY_METHOD = ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS"]
 
 
-def _allowed_methods(request: Request) -> list[str]:
-    """The methods the other /v2 routes take on this request's path (empty: no route has the path)."""
-    routes = [r for r in router.routes if isinstance(r, APIRoute) and r.endpoint is not unknown]
-    return allowed_methods(routes, request.scope)
-
-
 @router.api_route("", methods=_ANY_METHOD, include_in_schema=False)
 @router.api_route("/{path:path}", methods=_ANY_METHOD, include_in_schema=False)
+@catch_all
 async def unknown(request: Request) -> Response:
     """Every /v2 request no route took: 405 with ``Allow`` when the path exists, else 404.
 
@@ -313,7 +308,8 @@ async def unknown(request: Request) -> Response:
     has the path (one of GET and HEAD, registered as two routes) as problem+json, and the
     catch-all would make PUT on an existing path a 404; here both are the protocol's error.
     """
-    allowed = _allowed_methods(request)
+    routes = getattr(request.app.state, "routes", router.routes)  # the app's: the repository's routes too
+    allowed = allowed_methods(routes, request.scope)
     if allowed:
         methods = ", ".join(allowed)
         return protocol_error_response(

@@ -21,6 +21,10 @@ pytestmark = pytest.mark.anyio
         ("GET", "/v1/models/vit-digits/classify", "POST"),
         ("PUT", "/v2", "GET, HEAD"),
         ("GET", "/v2/models/vit-digits/infer", "POST"),
+        ("TRACE", "/v2/models/vit-digits/infer", "POST"),  # a method the /v2 catch-all does not list
+        ("PROPFIND", "/v1/models", "GET, HEAD"),
+        ("GET", "/v2/repository/index", "POST"),  # was a 404: the repository's routes are not v2's router's
+        ("DELETE", "/v2/repository/models/vit-digits/load", "POST"),
     ],
 )
 async def test_a_405_allows_every_method_of_the_path(method: str, path: str, allow: str) -> None:
@@ -28,6 +32,8 @@ async def test_a_405_allows_every_method_of_the_path(method: str, path: str, all
         response = await client.request(method, path)
     assert response.status_code == 405, response.text
     assert response.headers["allow"] == allow
+    detail = response.json()["error" if path.startswith("/v2") else "detail"]  # {"error"} on /v2, problem+json else
+    assert detail == f"{method} is not allowed on {path}; use {allow}"
 
 
 @pytest.mark.parametrize(
@@ -49,5 +55,8 @@ async def test_head_of_what_has_no_get_is_still_refused() -> None:
         post_only = await client.head("/v1/models/vit-digits/classify")
         nowhere = await client.head("/v1/nowhere")
         v2_nowhere = await client.head("/v2/nowhere")
+        traced = await client.request("TRACE", "/v2/nowhere")
     assert post_only.status_code == 405 and post_only.headers["allow"] == "POST"
     assert nowhere.status_code == 404 and v2_nowhere.status_code == 404
+    assert traced.status_code == 404 and "allow" not in traced.headers
+    assert traced.json() == {"error": "no such endpoint: TRACE /v2/nowhere"}

@@ -251,7 +251,7 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await client.get("/v2/models/vit-digits/infer"), 405, "use POST")
         assert_error(await client.get("/v2/models/nope/ready"), 404)
         assert_error(await client.get("/v2/models/nope/config"), 404)
-        assert_error(await client.get("/v2/repository/index"), 404)
+        assert_error(await client.get("/v2/repository/index"), 405, "use POST")  # the path exists, for POST
 
 
 async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> None:
