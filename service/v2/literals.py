@@ -43,6 +43,11 @@ def load_json(header: bytes) -> Any:
         return orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         refusal = exc
+    if "UTF-8" in str(refusal):  # orjson's words for bytes that are not text ("surrogates not allowed")
+        raise BadRequest(
+            f"the inference request is not valid JSON: it is not UTF-8 text ({refusal}); a body of binary "
+            "tensors needs the Inference-Header-Content-Length header"
+        )
     if _NON_FINITE.search(header) is not None:
         try:
             document = json.loads(header.decode("utf-8"))  # decoded first: json.loads would guess UTF-16/32
@@ -80,3 +85,25 @@ def with_literals(array: np.ndarray) -> bytes | None:
         value = flat[index]
         elements[index] = b"NaN" if np.isnan(value) else b"Infinity" if value > 0 else b"-Infinity"
     return b"[" + b",".join(elements) + b"]"
+
+
+def holds_a_boolean(data: Any) -> bool:
+    """Whether JSON ``data`` (numbers, or lists of them nested to any depth) holds ``true`` or ``false``.
+
+    numpy reads ``[0, true]`` as the integers ``[0, 1]`` and ``[0.5, true]`` as floats, so a
+    boolean mixed into a numeric tensor is found here, element by element: Triton's parser
+    refuses it, and so does the protocol's ``data`` of a numeric datatype (one pass, no copy).
+    """
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if type(item) is bool:
+            return True
+        if type(item) is list:
+            for value in item:
+                kind = type(value)
+                if kind is bool:
+                    return True
+                if kind is list:
+                    stack.append(value)
+    return False

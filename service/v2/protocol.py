@@ -31,7 +31,7 @@ import numpy as np
 import orjson
 
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from service.v2.literals import load_json, with_literals
+from service.v2.literals import holds_a_boolean, load_json, with_literals
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -154,8 +154,7 @@ def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
         return body
     if encoding not in ("gzip", "deflate"):
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
-    # wbits: 16 + 15 reads a gzip member, 15 a zlib stream (HTTP's "deflate").
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)
+    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)  # gzip, or zlib
     try:
         data = inflater.decompress(body, max_bytes + 1)
     except zlib.error as exc:
@@ -247,8 +246,9 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
     _require("data" in entry, f"input {name!r} has neither data nor parameters.binary_data_size")
     try:
         inferred = np.asarray(entry["data"])  # JSON's own types first: null and true are not numbers
+        numbers = datatype == "BOOL" or not holds_a_boolean(entry["data"])  # numpy reads [0, true] as [0, 1]
         _require(
-            inferred.size == 0 or inferred.dtype.kind in _JSON_KINDS[datatype == "BOOL"],
+            inferred.size == 0 or (inferred.dtype.kind in _JSON_KINDS[datatype == "BOOL"] and numbers),
             f"input {name!r}: data is not a {datatype} tensor: its elements must all be "
             + ("true or false" if datatype == "BOOL" else "numbers (JSON null, booleans and strings are not)"),
         )

@@ -464,6 +464,8 @@ async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> Non
         ("FP16", ["1", 0, 0], "must all be numbers"),
         ("INT64", [None, 1, 2], "must all be numbers"),
         ("FP32", [[1.0, 2.0], [3.0]], "its nested lists are ragged"),  # not numpy's "inhomogeneous shape"
+        ("FP32", [0.5, 1.0, True], "must all be numbers"),  # numpy reads it as [0.5, 1.0, 1.0]
+        ("INT32", [[0], [False], [2]], "must all be numbers"),  # and this as [[0], [0], [2]]
     ],
 )
 def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: str, data: list, problem: str) -> None:
@@ -506,6 +508,9 @@ def test_json_data_takes_tritons_nan_and_infinity_literals_and_nothing_more() ->
     ):
         with pytest.raises(BadRequest, match="not valid JSON"):
             parse_infer_request(bad, None)
+    png = (ROOT / "examples" / "digit-7.png").read_bytes()  # binary without its header length, as a fresh user sent
+    with pytest.raises(BadRequest, match="not UTF-8 text .*needs the Inference-Header-Content-Length header"):
+        parse_infer_request(png, None)
 
 
 def test_json_outputs_write_non_finite_values_as_triton_does_and_finite_ones_unchanged() -> None:
