@@ -131,15 +131,15 @@ class Batcher:
         """Places left in the queue: ``queue_size - queued``."""
         return self.config.queue_size - self._queue.queued
 
-    def admit(self, count: int, unit: str = "image(s)", *, oversize_is_400: bool = True) -> None:
+    def admit(self, count: int, unit: str = "image(s)") -> None:
         """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless the queue has room for all now.
 
         Raises:
-            BadRequest: with ``oversize_is_400``, ``count`` exceeds the whole ``queue_size``: it
-                could never be admitted, so a 400, not a 503 to retry.
+            BadRequest: ``count`` exceeds the whole ``queue_size``: it could never be admitted,
+                so a 400, not a 503 to retry (a /v2 client would retry it forever).
             Unavailable: the queue has no room for all of them now (503, Retry-After).
         """
-        if oversize_is_400 and count > self.config.queue_size:
+        if count > self.config.queue_size:
             raise BadRequest(
                 f"model {self.name} admits at most {self.config.queue_size} {unit.removesuffix('(s)')}s in one "
                 f"request (its queue_size); this one has {count}. Send them in several requests"

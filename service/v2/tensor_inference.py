@@ -183,14 +183,15 @@ async def infer_tensors(
     Raises:
         BadRequest: wrong input name, datatype or shape, unknown output, a classification
             asked of an output that is not (B, N) (400).
-        Unavailable: the batcher's queue has no room for all B rows (503, nothing is queued).
+        BadRequest: B over the model's whole queue_size (400: it could never be admitted).
+        Unavailable: the batcher's queue has no room for all B rows now (503, nothing is queued).
         Unavailable, DeadlineExceeded, InferenceFailed: from the batcher, for the first row
             that failed (the request fails whole, as the protocol has no partial results).
     """
     x = _checked_input(model, request, max_rows)
     requested = _requested(model, request)
-    # Admitted whole or not at all, as /v1 requests are; an oversized batch stays a 503 here, as it was.
-    model.batcher.admit(x.shape[0], "row(s)", oversize_is_400=False)
+    # Admitted whole or not at all, as /v1 requests are; more rows than the queue holds is a 400 as there.
+    model.batcher.admit(x.shape[0], "row(s)")
     for output in requested:
         if output.classification and not tasks.serves(model.manifest, classification.TASK):
             raise BadRequest(

@@ -183,7 +183,8 @@ def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
     """Triton's model configuration (model_config.proto as JSON) for tritonclient's get_model_config.
 
     ``max_batch_size`` is what one infer request may carry (``max_rows``, the batch size an infer
-    is accepted with; more is a 400), as in Triton, where it bounds a request's batch dimension.
+    is accepted with, and no more than the model's ``queue_size``; more is a 400), as in Triton,
+    where it bounds a request's batch dimension.
     The batcher's own largest batch, which it picks itself and may change while serving, is
     ``dynamic_batching.preferred_batch_size``, read at each call. ``instance_group.count`` is
     the sessions the batcher feeds.
@@ -200,7 +201,7 @@ def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
         "platform": PLATFORM,
         "backend": "onnxruntime",
         "version_policy": {"specific": {"versions": [str(model.version)]}},
-        "max_batch_size": max_rows,
+        "max_batch_size": min(max_rows, batching.queue_size),
         "input": [
             {
                 "name": spec.name,

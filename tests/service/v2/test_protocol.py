@@ -313,13 +313,16 @@ async def test_probes_pass_a_full_worker_and_a_late_body_is_a_protocol_408() -> 
     assert late.headers["content-type"] == "application/json" and "PATCHSERVE_BODY_TIMEOUT" in late.body["error"]
 
 
-async def test_a_batch_is_admitted_whole_or_refused_and_probes_need_no_key() -> None:
+async def test_a_batch_over_the_queue_is_refused_whole_and_probes_need_no_key() -> None:
     x = digit_tensor(DIGIT_7, DIGIT_7, DIGIT_7)
     async with running_app(queue_size=2) as client:
         refused = await client.post(INFER, json=json_request(x))
         fits = await client.post(INFER, json=json_request(x[:2]))
-    assert_error(refused, 503, "room for 2 row(s), it has 3")
-    assert refused.headers["retry-after"] and fits.status_code == 200
+        config = (await client.get("/v2/models/vit-digits/config")).json()
+    # More rows than the whole queue can never be admitted: a 400, not a 503 tritonclient retries forever.
+    assert_error(refused, 400, "admits at most 2 rows in one request (its queue_size); this one has 3")
+    assert "retry-after" not in refused.headers and fits.status_code == 200
+    assert config["max_batch_size"] == 2  # what one request may carry, the queue's size included
     async with running_app(api_keys=["k-1"]) as client:
         probes = [(await client.get(p)).status_code for p in ("/v2/health/live", "/v2/health/ready")]
         metadata = await client.get("/v2/models/vit-digits")
@@ -509,7 +512,7 @@ def test_json_data_takes_tritons_nan_and_infinity_literals_and_nothing_more() ->
         with pytest.raises(BadRequest, match="not valid JSON"):
             parse_infer_request(bad, None)
     png = (ROOT / "examples" / "digit-7.png").read_bytes()  # binary without its header length, as a fresh user sent
-    with pytest.raises(BadRequest, match="not UTF-8 text .*needs the Inference-Header-Content-Length header"):
+    with pytest.raises(BadRequest, match=r"not UTF-8 text .*needs the Inference-Header-Content-Length header"):
         parse_infer_request(png, None)
 
 
