@@ -24,7 +24,7 @@ import orjson
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
-from service.core.errors import BadRequest, ClientDisconnected, InvalidImage, PayloadTooLarge
+from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.http.openapi import DIGIT_PNG_BASE64
 
 # python-multipart logs a malformed body's fault as a warning before it raises; the 400 says it
@@ -168,6 +168,10 @@ class _Parts:
 _MULTIPART_FAULTS = (
     ("Found invalid character", "a part's header line is not 'Name: value'"),
     ("Did not find CR at end of boundary", "a boundary line does not end with CRLF"),
+    (
+        "Expected boundary character",
+        "the body does not start with the Content-Type's boundary (another, or a preamble)",
+    ),
     ("Did not find boundary character", "a boundary line does not match the boundary of the Content-Type"),
     ("Did not find LF at end of header", "a part's header line ends with CR but no LF"),
     ("Did not find LF", "a line ends with CR but no LF"),
@@ -264,8 +268,10 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
     for i, text in enumerate(encoded):
         if text.startswith(("http://", "https://", "ftp://", "file:")):
             raise BadRequest(f"images[{i}] is a URL; this server fetches nothing: send the file's bytes in base64")
-        if text.startswith("data:"):
-            text = text.partition(",")[2]
+        if text[:5].lower() == "data:":  # RFC 2397: the scheme is case-insensitive
+            head, comma, text = text.partition(",")
+            if not comma:
+                raise BadRequest(f"images[{i}] is a data: URL without the comma before its data ({head[:40]!r})")
         for space in _BASE64_SPACE:  # wrapped base64: RFC 2045's 76-character lines, `base64`'s output
             if space in text:  # a scan; a copy only when the text has that character
                 text = text.replace(space, "")
@@ -292,13 +298,13 @@ async def read_images(
         BadRequest: empty body, malformed multipart or JSON, no image, too many images or
             parts, a URL instead of a file (400).
         PayloadTooLarge: body over ``max_body_bytes`` (413).
-        InvalidImage: a content type that is not an image, multipart, JSON or octet-stream, or a
-            ``Content-Encoding`` other than identity (415).
+        UnsupportedMediaType: a content type that is not an image, multipart, JSON or
+            octet-stream, or a ``Content-Encoding`` other than identity (415).
     """
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding not in ("", "identity"):
         # Image files are compressed already; a body decoded as if it were not would be a wrong answer.
-        raise InvalidImage(
+        raise UnsupportedMediaType(
             f"Content-Encoding {encoding!r} is not accepted on /v1: send the image files as they are "
             "(the Open Inference Protocol's /v2 routes take gzip and deflate tensors)"
         )
@@ -306,14 +312,15 @@ async def read_images(
     media_type = content_type.split(";", 1)[0].strip().lower()
     accepted = media_type in ("multipart/form-data", "application/json", *RAW_TYPES) or media_type.startswith("image/")
     if not accepted:
-        what = (
-            f"content type {(media_type or content_type.strip())[:100]!r}"
-            if content_type.strip()
-            else "no content type"
-        )
-        raise InvalidImage(
-            f"{what} is not accepted; send multipart/form-data with an "
-            f"'image' part, a raw body with an image/* type, or JSON {{\"images\": [base64]}}"
+        sent = content_type.strip()
+        raise UnsupportedMediaType(
+            (
+                f"content type {(media_type or sent)[:100]!r} is not accepted"
+                if sent
+                else "the request has no Content-Type"
+            )
+            + "; send multipart/form-data with an 'image' part, a raw body with an image/* type, or JSON "
+            '{"images": [base64]}'
         )
     if media_type == "multipart/form-data":
         return await _multipart_images(

@@ -155,7 +155,8 @@ class FileFaults:
         if isinstance(exc, UnidentifiedImageError):
             return unidentified(self.data)
         if isinstance(exc, (OSError, EOFError, SyntaxError)):
-            fault = "truncated" if "truncated" in str(exc) or isinstance(exc, EOFError) else "corrupt"
+            # "image file is truncated", "Truncated File Read" (a header cut short), "truncated PNG file"
+            fault = "truncated" if "truncated" in str(exc).lower() or isinstance(exc, EOFError) else "corrupt"
             return InvalidImage(f"the {name} image is {fault}: {exc}")
         # whatever a crafted file makes a decoder raise is still the file's fault
         log.debug("decoding failed", exc_info=exc)

@@ -89,6 +89,12 @@ async def test_the_default_part_limit_is_the_setting() -> None:
         (b'{"images": ["%%%"]}', "application/json", "images[0] is not valid base64"),
         (b'{"images": ["iVBO"], "threshold": 0.9}', "application/json", "unknown key(s) in the JSON body: 'threshold'"),
         (b"{not json", "application/json", "not valid JSON"),
+        (b'{"images": ["data:image/png;base64iVBO"]}', "application/json", "a data: URL without the comma"),
+        (  # a preamble before the first boundary (RFC 2046 allows one; python-multipart does not)
+            b"preamble\r\n--abc\r\nContent-Disposition: form-data; name=image\r\n\r\nxx\r\n--abc--\r\n",
+            "multipart/form-data; boundary=abc",
+            "the body does not start with the Content-Type's boundary",
+        ),
         ('{"images": ["iVBO"]}'.encode("utf-16"), "application/json", "JSON must be UTF-8 (RFC 8259, Sec. 8.1)"),
         (  # python-multipart's own words ("Found invalid character 32 in header at 26") said in a client's
             b"--abc\r\nContent-Disposition form-data\r\n\r\nxx\r\n--abc--\r\n",
@@ -107,7 +113,7 @@ async def test_malformed_bodies_are_400(content: bytes, content_type: str, detai
     ("content_type", "detail"),
     [
         ("text/plain", "content type 'text/plain' is not accepted"),
-        ("", "no content type is not accepted"),
+        ("", "the request has no Content-Type; send multipart/form-data"),
         (";;;===", "content type ';;;===' is not accepted"),  # was "(none)": the client did send one
     ],
 )
@@ -115,6 +121,7 @@ async def test_a_content_type_that_carries_no_image_is_415(content_type: str, de
     async with running_app() as client:
         response = await client.post(CLASSIFY, content=DIGIT_7, headers={"content-type": content_type})
     assert_problem(response, 415, detail)
+    assert response.json()["type"].endswith(":unsupported-media-type")  # not "Not a decodable image"
 
 
 async def test_an_image_type_that_is_not_an_accepted_format_is_415_naming_it() -> None:

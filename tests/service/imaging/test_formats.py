@@ -154,3 +154,10 @@ def test_an_uncompressed_tga_is_not_named_a_cur() -> None:
 def test_a_jpeg_cut_after_its_start_marker_is_truncated_not_unknown() -> None:
     with pytest.raises(InvalidImage, match="the JPEG image is truncated"):
         decode_image(b"\xff\xd8", color_mode="RGB", max_pixels=10**6)
+
+
+def test_a_png_cut_in_its_header_is_truncated_not_corrupt() -> None:
+    whole = io.BytesIO()
+    Image.new("RGB", (40, 30)).save(whole, "PNG")
+    with pytest.raises(InvalidImage, match="the PNG image is truncated"):  # Pillow: "Truncated File Read"
+        decode_image(whole.getvalue()[:20], color_mode="RGB", max_pixels=10**6)
