@@ -80,5 +80,7 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "uvicorn.error": {"level": level, "handlers": [], "propagate": True},
             "uvicorn.access": {"level": "WARNING", "handlers": [], "propagate": False},
             "PIL": {"level": "INFO"},  # its debug lines describe every image chunk decoded
+            # warns of each malformed multipart body before it raises: the client's 400 says it
+            "python_multipart": {"level": "ERROR"},
         },
     }

@@ -24,7 +24,7 @@ from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
 from service.core.version import VERSION
 from service.http import docs, openapi
-from service.http.methods import HeadAsGet, route_table
+from service.http.methods import HeadAsGet
 from service.http.middleware.access_log import AccessLogMiddleware
 from service.http.middleware.admission import EXEMPT_PATHS, AdmissionMiddleware
 from service.http.middleware.auth import add_security_middleware
@@ -191,6 +191,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     state = ServerState(
         settings,
         ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
+        ThreadPoolExecutor(1, thread_name_prefix="render"),  # one picture at a time, beside the decoders
         decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
         threads=threads,
         decode_limits=decode_limits(settings),
@@ -248,19 +249,15 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     docs.install_docs(app)
     app.state.server = state
     install_handlers(app)
-    routers = [
-        health.router,
-        models.router,
-        inference.build_router(),  # one route per registered task
-        metrics.router,
-        repository.router,  # before v2's catch-all
-        v2.router,
-        *([playground.router] if settings.playground else []),
-    ]
-    for router in routers:
-        app.include_router(router)
-    app.state.routes = route_table(app.router.routes, routers)  # a 405's Allow (service/http/problems.py)
-    app.add_middleware(HeadAsGet, routes=app.state.routes)  # innermost: HEAD wherever GET is served
+    app.include_router(health.router)
+    app.include_router(models.router)
+    app.include_router(inference.build_router())  # one route per registered task
+    app.include_router(metrics.router)
+    app.include_router(repository.router)  # before v2's catch-all
+    app.include_router(v2.router)
+    if settings.playground:
+        app.include_router(playground.router)
+    app.add_middleware(HeadAsGet)  # innermost: HEAD wherever GET is served
     app.add_middleware(
         AdmissionMiddleware,
         max_in_flight=settings.max_in_flight,

@@ -9,10 +9,10 @@ content (Sec. 9.3.2), and a 405's ``Allow`` lists the methods the target support
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
-from fastapi import APIRouter
+from fastapi.routing import RouteContext, iter_route_contexts
 from starlette.routing import BaseRoute, Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -25,22 +25,17 @@ def catch_all(endpoint: F) -> F:
     return endpoint
 
 
-def _is_catch_all(route: BaseRoute) -> bool:
-    return bool(getattr(getattr(route, "endpoint", None), "__catch_all__", False))
+def route_table(routes: Sequence[BaseRoute]) -> list[RouteContext]:
+    """Every route of an app (``app.router.routes``) in the order it is tried, prefixes applied.
 
-
-def route_table(app_routes: Iterable[BaseRoute], routers: Iterable[APIRouter]) -> list[BaseRoute]:
-    """Every route of an app in the order it is tried, for :func:`allowed_methods` and :class:`HeadAsGet`.
-
-    FastAPI keeps an included router in the app's list as one lazy entry, not its routes: this
-    is the app's own routes (those with a ``path``: docs, OpenAPI) followed by the routes of
-    ``routers``, in the order they were included.
+    FastAPI keeps an included router in the app's list as one lazy entry, not its routes;
+    ``fastapi.routing.iter_route_contexts`` walks them, nested routers and prefixes included.
+    Read at each use, so a route added after start-up is seen.
     """
-    own = [route for route in app_routes if getattr(route, "path", None) is not None]
-    return own + [route for router in routers for route in router.routes]
+    return list(iter_route_contexts(routes))
 
 
-def _first_full_match(routes: Iterable[BaseRoute], scope: Scope, method: str) -> int | None:
+def _first_full_match(routes: Sequence[RouteContext], scope: Scope, method: str) -> int | None:
     """The index of the first route that takes ``method`` on the scope's path, or None."""
     for index, route in enumerate(routes):
         match, _ = route.matches({**scope, "method": method})
@@ -49,18 +44,18 @@ def _first_full_match(routes: Iterable[BaseRoute], scope: Scope, method: str) ->
     return None
 
 
-def allowed_methods(routes: Iterable[BaseRoute], scope: Scope) -> list[str]:
-    """The methods the routes take on the scope's path, sorted; HEAD wherever GET is (:class:`HeadAsGet`).
+def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
+    """The methods an app's ``routes`` take on the scope's path, sorted; HEAD wherever GET is (:class:`HeadAsGet`).
 
     Empty when no route has the path. A catch-all (:func:`catch_all`) is no path's own route.
     """
     allowed: set[str] = set()
-    for route in routes:
-        if _is_catch_all(route):
+    for route in route_table(routes):
+        if getattr(route.endpoint, "__catch_all__", False):
             continue
         match, _ = route.matches({**scope, "method": ""})  # no method matches: PARTIAL means the path does
         if match != Match.NONE:
-            allowed |= getattr(route, "methods", None) or set()
+            allowed |= route.methods or set()
     if "GET" in allowed:
         allowed.add("HEAD")
     return sorted(allowed)
@@ -70,27 +65,31 @@ class HeadAsGet:
     """Serves ``HEAD`` as ``GET`` without the content, on every path whose GET route comes first.
 
     A HEAD request is passed on as GET when a route takes GET on its path and no route takes
-    HEAD before it (the /v2 catch-all, registered last, takes any method); the response keeps
-    its status and headers (``Content-Length`` included) and sends no body. Other requests pass
-    untouched. The innermost middleware: the access log and the metrics see the HEAD.
+    HEAD before it or with it (a route of both methods serves HEAD itself; the /v2 catch-all,
+    registered last, takes any method); the response keeps its status and headers
+    (``Content-Length`` included) and sends no body. Other requests pass untouched. The
+    innermost middleware: the access log sees the HEAD (the handler, and the metrics it
+    records, see a GET).
     """
 
-    def __init__(self, app: ASGIApp, routes: list[BaseRoute]) -> None:
+    def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.routes = routes  # :func:`route_table`
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "HEAD":
             await self.app(scope, receive, send)
             return
-        as_get = _first_full_match(self.routes, scope, "GET")
-        as_head = _first_full_match(self.routes, scope, "HEAD")
-        if as_get is None or (as_head is not None and as_head < as_get):
+        routes = route_table(scope["app"].router.routes)
+        as_get = _first_full_match(routes, scope, "GET")
+        as_head = _first_full_match(routes, scope, "HEAD")
+        if as_get is None or (as_head is not None and as_head <= as_get):
             await self.app(scope, receive, send)
             return
 
         async def without_content(message: Message) -> None:
-            if message["type"] == "http.response.body":
+            if message["type"] == "http.response.pathsend":  # a file by path (ASGI's extension): no file
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            elif message["type"] == "http.response.body":
                 message = {**message, "body": b""}
             await send(message)
 

@@ -107,8 +107,7 @@ def install_handlers(app: FastAPI) -> None:
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         headers, status, detail = dict(exc.headers or {}), exc.status_code, str(exc.detail)
         if status == 405:  # every route of the path, not the first one's (service/http/methods.py)
-            routes = getattr(request.app.state, "routes", request.app.router.routes)
-            if allowed := ", ".join(allowed_methods(routes, request.scope)):
+            if allowed := ", ".join(allowed_methods(request.app.router.routes, request.scope)):
                 headers["Allow"] = allowed
                 detail = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
             else:  # only a catch-all has the path (TRACE on /v2/anything)

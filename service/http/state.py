@@ -37,7 +37,7 @@ class ServerState:
 
     settings: Settings
     decode_pool: ThreadPoolExecutor
-    render_pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="render"))
+    render_pool: ThreadPoolExecutor
     repository: ModelRepository | None = None
     decode_parallelism: int = 1
     draining: bool = False

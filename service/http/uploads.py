@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
@@ -26,9 +25,6 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.http.openapi import DIGIT_PNG_BASE64
-
-# python-multipart logs a malformed body's fault as a warning before it raises; the 400 says it
-logging.getLogger("python_multipart.multipart").setLevel(logging.ERROR)
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks  # a TypedDict its stubs define for type checkers only
@@ -164,17 +160,21 @@ class _Parts:
         self.data = []
 
 
-# python-multipart's messages for a malformed body, by their first words, in a client's terms.
+# python-multipart's messages for a malformed body (python_multipart/multipart.py, 0.0.x), by their
+# first words, in a client's terms; the library's own position ("at 26") is within the chunk it
+# was fed, so the offset is taken from the error and counted from the start of the body.
 _MULTIPART_FAULTS = (
     ("Found invalid character", "a part's header line is not 'Name: value'"),
+    ("Found 0-length header", "a part's header line has no name"),
+    ("Maximum header size exceeded", "a part's header line is too long"),
+    ("Maximum header count exceeded", "a part has too many header lines"),
+    ("Did not find LF character at end of header", "a part's header line ends with CR but no LF"),
+    ("Did not find LF at end of headers", "the blank line after a part's headers ends with CR but no LF"),
     ("Did not find CR at end of boundary", "a boundary line does not end with CRLF"),
-    (
-        "Expected boundary character",
-        "the body does not start with the Content-Type's boundary (another, or a preamble)",
-    ),
-    ("Did not find boundary character", "a boundary line does not match the boundary of the Content-Type"),
-    ("Did not find LF at end of header", "a part's header line ends with CR but no LF"),
-    ("Did not find LF", "a line ends with CR but no LF"),
+    ("Did not find LF at end of boundary", "a boundary line ends with CR but no LF"),
+    ("Did not find CRLF after boundary padding", "a boundary line does not end with CRLF"),
+    ("Did not find - at end of boundary", "the closing boundary does not end with '--'"),
+    ("Expected boundary character", "the body does not start with the Content-Type's boundary (or has a preamble)"),
 )
 
 
@@ -184,7 +184,7 @@ def _multipart_fault(exc: Exception, received: int) -> str:
     fault = next((words for prefix, words in _MULTIPART_FAULTS if message.startswith(prefix)), None)
     offset = getattr(exc, "offset", None)
     where = f" (at byte {received + offset} of the body)" if isinstance(offset, int) and offset >= 0 else ""
-    return (fault or f"the parser stopped: {message}") + where
+    return (fault or "the multipart parser stopped") + where
 
 
 class _MultipartImages:

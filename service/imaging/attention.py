@@ -161,7 +161,7 @@ def render_png(
 ) -> bytes:
     """The attention-rollout picture of one image, as PNG of its displayed size.
 
-    Blocking (resizes and encodes): run it in the decode thread pool.
+    Blocking (resizes and encodes): the route runs it on its render thread.
 
     Args:
         image: the decoded image (EXIF orientation applied), any mode; resized to ``size``

@@ -30,6 +30,7 @@ from service.imaging import modes
 from service.imaging.formats import ACCEPTED_FORMATS, FORMAT_NAMES, FileFaults, sniff_format
 from service.imaging.modes import DISPLAY_TRANSPOSE, TRANSPOSED_ORIENTATIONS
 from service.imaging.prescan import PrescanLimits, prescan
+from service.imaging.render import displayed_canvas
 from service.imaging.webp_scaled import webp_scaled
 
 log = logging.getLogger(__name__)
@@ -50,7 +51,7 @@ class DecodedImage:
         image: Pillow image in the requested colour mode, EXIF orientation applied. A JPEG may
             have been DCT-downscaled while decoding (draft mode), so ``image.size`` can be
             smaller than (width, height). None once the request path has preprocessed it and
-            dropped it (only ``render=png`` keeps it: a full-size picture is large).
+            dropped it (only ``render=png`` keeps it, scaled to its picture: :meth:`for_picture`).
         width: displayed width of the full-resolution image, in pixels.
         height: displayed height of the full-resolution image, in pixels.
         format: Pillow's format name ("JPEG", "MPO", "PNG", "HEIF", ...).
@@ -66,6 +67,16 @@ class DecodedImage:
     def dropped(self) -> DecodedImage:
         """The same record without the picture, so that its pixels can be freed."""
         return dataclasses.replace(self, image=None)
+
+    def for_picture(self) -> DecodedImage:
+        """The same record with its picture as ``render=png`` draws on it, and no more.
+
+        RGB, at the displayed size scaled down to at most ``MAX_PICTURE_PIXELS``
+        (:func:`service.imaging.render.displayed_canvas`): what a request keeps while its
+        picture waits to be drawn, after its pixels left the worker's decoding budget.
+        """
+        assert self.image is not None
+        return dataclasses.replace(self, image=displayed_canvas(self.image, (self.width, self.height)))
 
 
 def _check_pixels(width: int, height: int, max_pixels: int) -> None:

@@ -13,7 +13,7 @@ from PIL import Image
 # picture is for looking at, the JSON keeps the full-resolution boxes.
 MAX_PICTURE_PIXELS = 2048 * 2048
 
-_RESIZED_AS_IS = frozenset({"1", "L", "LA", "RGB", "RGBA", "RGBX"})  # modes Pillow resizes without a convert
+_RESIZED_AS_IS = frozenset({"L", "LA", "RGB", "RGBA", "RGBX"})  # modes Pillow resizes (bilinear) without a convert
 
 
 def picture_size(size: tuple[int, int]) -> tuple[int, int]:
@@ -26,22 +26,25 @@ def picture_size(size: tuple[int, int]) -> tuple[int, int]:
     if width * height <= MAX_PICTURE_PIXELS:
         return width, height
     scale = math.sqrt(MAX_PICTURE_PIXELS / (width * height))
-    return max(1, int(width * scale)), max(1, int(height * scale))
+    w, h = max(1, int(width * scale)), max(1, int(height * scale))
+    h = max(1, min(h, MAX_PICTURE_PIXELS // w))  # a side raised to 1 pixel: the other gives way, so the bound holds
+    return max(1, min(w, MAX_PICTURE_PIXELS // h)), h
 
 
 def displayed_canvas(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     """``image`` in RGB, at the size its picture is drawn: :func:`picture_size` of ``size`` (width, height).
 
     ``size`` is the displayed size (the image may have been decoded smaller, a JPEG in draft
-    mode). The image is resized before it is converted, so a large one is never converted whole.
+    mode). An L, LA, RGB or RGBA image is resized before it is converted to RGB; a 1-bit one is
+    made greyscale first (Pillow would resize it by nearest neighbour and lose thin lines), and
+    other modes (P, CMYK, 16-bit, float) are converted to RGB at their decoded size first.
     """
     target = picture_size(size)
     if image.size == target:
         return image.convert("RGB")
     if image.mode not in _RESIZED_AS_IS:
-        image = image.convert("RGB")
-    # 1-bit (and palette) images resize by nearest neighbour in Pillow; reducing_gap: a box
-    # reduction first, then bilinear, so a 40 MP image shrinks in a fraction of a second
+        image = image.convert("L" if image.mode == "1" else "RGB")
+    # reducing_gap: a box reduction first, then bilinear, so a 40 MP image shrinks in a fraction of a second
     return image.resize(target, Image.Resampling.BILINEAR, reducing_gap=3.0).convert("RGB")
 
 

@@ -89,7 +89,7 @@ def _decode_and_preprocess(
 ) -> tuple[DecodedImage, np.ndarray]:
     """Blocking: runs in the decode thread pool. Returns the image and its (C, H, W) input."""
     decoded, x = _preprocessed(model.preprocessor, opened.decode(model.preprocessor.spec.background), max_pixels)
-    return (decoded if keep_image else decoded.dropped()), x
+    return (decoded.for_picture() if keep_image else decoded.dropped()), x
 
 
 def decode_and_preprocess(

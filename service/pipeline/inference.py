@@ -77,8 +77,9 @@ async def infer_images(
     ``limits.max_request_pixels`` decoded pixels is a 413 entry; each other image holds its
     decoded pixels of the worker's ``budget`` while it is decoded and preprocessed, waiting for
     room until the deadline (504) when the worker is decoding as much as the budget allows.
-    Unless ``keep_images`` (``render=png`` draws on the picture), the full-size picture is
-    dropped as soon as it is preprocessed: an outcome keeps its sizes, not its pixels.
+    Unless ``keep_images`` (``render=png`` draws on the picture, kept at most 2048x2048 pixels'
+    worth: :meth:`DecodedImage.for_picture`), the picture is dropped as soon as it is
+    preprocessed: an outcome keeps its sizes, not its pixels.
 
     Args:
         model: the model version to run.
@@ -92,7 +93,7 @@ async def infer_images(
         decode_parallelism: most of this request's images decoding at once (>= 1).
         limits: the pre-scan's and the request's pixel limits (default :class:`DecodeLimits`).
         budget: the worker's decoded-pixel budget (None: no budget).
-        keep_images: keep each outcome's decoded picture (``image.image``); else it is None.
+        keep_images: keep each outcome's picture (``image.image``, RGB, for ``render=png``); else it is None.
 
     Returns:
         One outcome per payload, in request order; an image's own errors are in its outcome.

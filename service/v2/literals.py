@@ -21,7 +21,7 @@ from service.core.errors import BadRequest
 _NON_FINITE = re.compile(rb"NaN|Infinity")
 
 
-def load_json(header: bytes) -> Any:
+def load_json(header: bytes, *, binary_hint: bool = False) -> Any:
     """The JSON object of a request, with Triton's ``NaN``, ``Infinity`` and ``-Infinity`` literals.
 
     tritonclient sends them for non-finite values in JSON ``data`` and Triton's parser (rapidjson,
@@ -32,6 +32,8 @@ def load_json(header: bytes) -> Any:
 
     Args:
         header: the request's JSON bytes (within the body cap).
+        binary_hint: the request sent no ``Inference-Header-Content-Length``: bytes that are not
+            UTF-8 are then likely binary tensors, and the 400 names the header.
 
     Returns:
         The parsed document, non-finite literals as Python floats.
@@ -43,7 +45,7 @@ def load_json(header: bytes) -> Any:
         return orjson.loads(header)
     except orjson.JSONDecodeError as exc:
         refusal = exc
-    if "UTF-8" in str(refusal):  # orjson's words for bytes that are not text ("surrogates not allowed")
+    if binary_hint and "not valid UTF-8" in str(refusal):  # orjson's words for bytes that are not text
         raise BadRequest(
             f"the inference request is not valid JSON: it is not UTF-8 text ({refusal}); a body of binary "
             "tensors needs the Inference-Header-Content-Length header"

@@ -199,8 +199,8 @@ def _parameters(entry: dict[str, Any], where: str) -> dict[str, Any]:
     return parameters
 
 
-def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tuple[str, np.ndarray, int]:
-    """One ``$request_input`` -> (name, array, new offset into the binary section)."""
+def _read_input(entry: Any, index: int, binary: memoryview, offset: int, literals: bool) -> tuple[str, np.ndarray, int]:
+    """One ``$request_input`` -> (name, array, new offset); ``literals``: the JSON spells true or false somewhere."""
     where = f"inputs[{index}]"
     _require(isinstance(entry, dict), f"{where} must be an object")
     name, shape, datatype = entry.get("name"), entry.get("shape"), entry.get("datatype")
@@ -246,7 +246,7 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int) -> tupl
     _require("data" in entry, f"input {name!r} has neither data nor parameters.binary_data_size")
     try:
         inferred = np.asarray(entry["data"])  # JSON's own types first: null and true are not numbers
-        numbers = datatype == "BOOL" or not holds_a_boolean(entry["data"])  # numpy reads [0, true] as [0, 1]
+        numbers = datatype == "BOOL" or not (literals and holds_a_boolean(entry["data"]))  # [0, true]: [0, 1]
         _require(
             inferred.size == 0 or (inferred.dtype.kind in _JSON_KINDS[datatype == "BOOL"] and numbers),
             f"input {name!r}: data is not a {datatype} tensor: its elements must all be "
@@ -303,7 +303,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             or datatype, binary sizes that do not add up, shared-memory tensors (400).
     """
     header, binary = _split_body(body, header_length)
-    document = load_json(header)
+    document = load_json(header, binary_hint=header_length is None)
     _require(isinstance(document, dict), "the inference request must be a JSON object")
     request_id = document.get("id")
     _require(request_id is None or isinstance(request_id, str), "id must be a string")
@@ -321,7 +321,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     inputs: dict[str, np.ndarray] = {}
     offset = 0
     for index, entry in enumerate(entries):
-        name, array, offset = _read_input(entry, index, binary, offset)
+        name, array, offset = _read_input(entry, index, binary, offset, b"true" in header or b"false" in header)
         _require(name not in inputs, f"input {name!r} is given twice")
         inputs[name] = array
     _require(offset == len(binary), f"{len(binary) - offset} bytes of binary data follow the tensors unclaimed")

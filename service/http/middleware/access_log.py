@@ -29,17 +29,18 @@ def _timings(header: bytes) -> dict[str, float]:
 MAX_LOGGED_PATH = 256  # characters of a request path the access log keeps; a client picks its length
 
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")  # C0, DEL, C1 and Unicode's line breaks
+_UNSAFE = re.compile(r"[\\\x00-\x1f\x7f-\x9f\u2028\u2029]")  # the backslash, C0, DEL, C1, Unicode's line breaks
 
 
 def logged_path(path: str) -> str:
-    """``path`` as the access log writes it: control characters escaped, cut to :data:`MAX_LOGGED_PATH`.
+    """``path`` as the logs write it: control characters escaped, cut to :data:`MAX_LOGGED_PATH`.
 
     The path is percent-decoded by the server, so ``%0a`` in a URL is a line feed here: written
-    raw it would forge a log line (CWE-117). It is written ``\\x0a``; the cut says how many
-    characters were dropped.
+    raw it would forge a log line (CWE-117). It is written as Python writes it escaped (a line
+    feed ``\\n``, a NUL ``\\x00``), and a backslash as two, so no path reads like an escaped
+    one; the cut says how many characters were dropped.
     """
-    path = _CONTROL.sub(lambda found: ascii(found.group())[1:-1], path)  # '\x0a', '\u2028
+    path = _UNSAFE.sub(lambda found: ascii(found.group())[1:-1], path)
     if len(path) <= MAX_LOGGED_PATH:
         return path
     return f"{path[:MAX_LOGGED_PATH]}...(+{len(path) - MAX_LOGGED_PATH} characters)"

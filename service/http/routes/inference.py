@@ -98,18 +98,15 @@ async def _picture(
     params: Any,
     deadline: float,
 ) -> tuple[Response, float]:
-    """The task's picture of a one-image request and the seconds it took, drawn in the render pool.
+    """The task's picture of a one-image request (``outcomes``) and the seconds it took, drawn in the render pool.
 
     One picture is drawn at a time per worker (``state.render_pool``: one thread), never in the
     decode pool, so a large picture cannot hold up other requests' decoding; waiting for it and
     drawing it count against the request's deadline.
 
     Raises:
-        BadRequest: more than one image.
         DeadlineExceeded: the deadline passed before the picture was drawn (504).
     """
-    if len(outcomes) != 1:
-        raise BadRequest(f"render=png draws one image; this request has {len(outcomes)}. Send one, or ask for JSON")
     clock = model.batcher.clock
     started = clock.now()
     drawn = asyncio.get_running_loop().run_in_executor(
@@ -120,9 +117,9 @@ async def _picture(
             png = await drawn
     except TimeoutError:
         raise DeadlineExceeded(
-            "the request's deadline passed while its picture was being drawn (pictures are drawn one at a "
-            "time); give it a longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT), "
-            "or ask for JSON"
+            "the request's deadline passed while its picture waited to be drawn or was being drawn (pictures "
+            "are drawn one at a time); give it a longer timeout (?timeout=, X-Request-Timeout, up to "
+            "PATCHSERVE_REQUEST_TIMEOUT), or ask for JSON"
         ) from None
     return Response(png, media_type="image/png"), clock.now() - started
 
@@ -165,6 +162,8 @@ async def serve(
             raise deadline_passed_after_the_body()
         if picture and render_as is None and (len(payloads) != 1 or not task.draws(model)):
             picture = False  # Accept: image/png is a preference: JSON when there is no one picture to draw
+        if picture and len(payloads) != 1:  # asked for by name: refused before any image is decoded
+            raise BadRequest(f"render=png draws one image; this request has {len(payloads)}. Send one, or ask for JSON")
         outcomes = await unless_disconnected(
             request,
             infer_images(
@@ -183,7 +182,8 @@ async def serve(
         body = response_body(model, outcomes, lambda o: task.fields(model, o, params), instance=request_id(request))
         phases = timings(outcomes)
         if picture:
-            response, phases["render"] = await _picture(state, task, model, body, outcomes, params, deadline)
+            drawing = _picture(state, task, model, body, outcomes, params, deadline)
+            response, phases["render"] = await unless_disconnected(request, drawing)  # gone: not drawn
         else:
             response = JSON(body)
     response.headers["Server-Timing"] = server_timing(**phases)

@@ -25,6 +25,7 @@ from service.http.accounting import accounted
 from service.http.deps import Repository, State, get_repository
 from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
 from service.http.methods import allowed_methods, catch_all
+from service.http.middleware.access_log import logged_path
 from service.http.problems import protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.uploads import read_body
@@ -87,7 +88,7 @@ class ProtocolRoute(APIRoute):
             except StarletteHTTPException as exc:
                 return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
             except Exception as exc:
-                error = unexpected(exc, f"{request.method} {request.url.path}")
+                error = unexpected(exc, f"{request.method} {logged_path(request.url.path)}")
                 return protocol_error_response(error.status, error.detail)
 
         return run
@@ -309,8 +310,7 @@ async def unknown(request: Request) -> Response:
     has the path (one of GET and HEAD, registered as two routes) as problem+json, and the
     catch-all would make PUT on an existing path a 404; here both are the protocol's error.
     """
-    routes = getattr(request.app.state, "routes", router.routes)  # the app's: the repository's routes too
-    allowed = allowed_methods(routes, request.scope)
+    allowed = allowed_methods(request.app.router.routes, request.scope)  # the app's: the repository's routes too
     if allowed:
         methods = ", ".join(allowed)
         return protocol_error_response(

@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from service.core.logs import ACCESS_LOGGER, JsonFormatter, log_config
-from service.http.middleware.access_log import MAX_LOGGED_PATH
+from service.http.middleware.access_log import MAX_LOGGED_PATH, logged_path
 from tests.conftest import ROOT, running_app
 
 pytestmark = pytest.mark.anyio
@@ -91,6 +91,7 @@ async def test_a_path_cannot_forge_a_log_line(caplog: pytest.LogCaptureFixture) 
     message = line.getMessage()
     assert "\n" not in message and "\x00" not in message and "\u2028" not in message
     assert line.path == "/v1/models/x\\n2026-12-04 11:00:00,000 INFO POST /admin status=200\\x00\\u2028/classify"
+    assert logged_path("/a\\nb") == "/a\\\\nb"  # a backslash doubled: no path reads as an escaped one
 
 
 def test_python_warnings_are_json_lines_in_json_mode() -> None:

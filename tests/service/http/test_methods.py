@@ -60,3 +60,29 @@ async def test_head_of_what_has_no_get_is_still_refused() -> None:
     assert nowhere.status_code == 404 and v2_nowhere.status_code == 404
     assert traced.status_code == 404 and "allow" not in traced.headers
     assert traced.json() == {"error": "no such endpoint: TRACE /v2/nowhere"}
+
+
+async def test_head_as_get_sends_no_content_of_its_own() -> None:
+    # httpx's ASGI transport (and uvicorn) drop a HEAD response's body themselves: the middleware's
+    # own stripping is checked on the raw ASGI messages.
+    from fastapi import FastAPI
+    from fastapi.responses import PlainTextResponse
+
+    from service.http.methods import HeadAsGet
+
+    app = FastAPI()  # its routes take GET alone (Starlette's own Route would add HEAD itself)
+    app.add_api_route("/text", lambda: PlainTextResponse("hello"), methods=["GET"])
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "HEAD", "path": "/text", "raw_path": b"/text", "root_path": "",
+             "query_string": b"", "headers": [], "app": app}  # fmt: skip
+    await HeadAsGet(app)(scope, receive, send)
+    start, *bodies = sent
+    assert start["status"] == 200 and (b"content-length", b"5") in start["headers"]
+    assert bodies and all(m["body"] == b"" for m in bodies) and not bodies[-1].get("more_body", False)

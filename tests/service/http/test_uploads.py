@@ -101,6 +101,11 @@ async def test_the_default_part_limit_is_the_setting() -> None:
             "multipart/form-data; boundary=abc",
             "malformed multipart body: a part's header line is not 'Name: value' (at byte 26 of the body)",
         ),
+        (
+            b"--abc\r\n: no-name\r\n\r\nxx\r\n--abc--\r\n",
+            "multipart/form-data; boundary=abc",
+            "malformed multipart body: a part's header line has no name (at byte 7 of the body)",
+        ),
     ],
 )
 async def test_malformed_bodies_are_400(content: bytes, content_type: str, detail: str) -> None:

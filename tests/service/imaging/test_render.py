@@ -23,8 +23,19 @@ def test_a_large_picture_is_drawn_scaled_down_to_the_bound() -> None:
     width, height = picture_size((8000, 5000))
     assert width * height <= MAX_PICTURE_PIXELS and abs(width / height - 1.6) < 1e-3
     assert picture_size((100_000, 1)) == (100_000, 1)  # within the bound: 0.1 MP
-    wide = picture_size((400_000, 20))
-    assert wide[0] * wide[1] <= MAX_PICTURE_PIXELS and wide[1] >= 1
+    for size in ((400_000, 20), (10_000_000, 1), (40_000_000, 1), (1, 40_000_000)):  # a side scaled to < 1 px
+        width, height = picture_size(size)
+        assert width * height <= MAX_PICTURE_PIXELS and width >= 1 and height >= 1
+
+
+def test_a_one_bit_image_keeps_its_thin_lines() -> None:
+    lines = np.zeros((5000, 8000), bool)
+    lines[:, ::50] = True  # 160 one-pixel lines
+    canvas = np.asarray(displayed_canvas(Image.fromarray(lines), (8000, 5000)))
+    inked = canvas[..., 0].max(axis=0) > 0
+    # nearest neighbour (Pillow's resize of mode "1") kept 55 of them; greyscale first keeps each one
+    runs = np.count_nonzero(inked[1:] & ~inked[:-1]) + int(inked[0])
+    assert runs == 160
 
 
 @pytest.mark.parametrize("mode", ["1", "L", "P", "RGB", "RGBA", "I;16", "CMYK", "F"])

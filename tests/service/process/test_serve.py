@@ -91,7 +91,7 @@ def test_readiness_turns_503_when_the_process_is_asked_to_stop() -> None:
 
     from service.http.state import ServerState
 
-    state = ServerState(make_settings(), ThreadPoolExecutor(1))
+    state = ServerState(make_settings(), ThreadPoolExecutor(1), ThreadPoolExecutor(1))
     state.repository = type("Empty", (), {"all": staticmethod(list)})()  # loaded, nothing unready
     assert state.not_ready_reasons() == []
     lifecycle.request_shutdown()

@@ -41,7 +41,8 @@ def test_the_server_state_adds_the_other_workers_reason_once_its_own_models_are_
         def all(self) -> list:
             return [Ready()]
 
-    state = ServerState(Settings(), ThreadPoolExecutor(1), workers=WorkerReadiness(tmp_path, workers=2))
+    pools = ThreadPoolExecutor(1), ThreadPoolExecutor(1)  # decode, render
+    state = ServerState(Settings(), *pools, workers=WorkerReadiness(tmp_path, workers=2))
     assert state.not_ready_reasons() == ["models are still loading"]
     state.repository = Repository()  # type: ignore[assignment]
     state.workers.set_ready()

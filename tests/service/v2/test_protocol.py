@@ -515,6 +515,9 @@ def test_json_data_takes_tritons_nan_and_infinity_literals_and_nothing_more() ->
     png = (ROOT / "examples" / "digit-7.png").read_bytes()  # binary without its header length, as a fresh user sent
     with pytest.raises(BadRequest, match=r"not UTF-8 text .*needs the Inference-Header-Content-Length header"):
         parse_infer_request(png, None)
+    with pytest.raises(BadRequest, match="not valid JSON") as bom:  # UTF-8 with a BOM is text: no binary hint
+        parse_infer_request(b"\xef\xbb\xbf" + request(b"[1, 2, 3, 4]"), None)
+    assert "Inference-Header-Content-Length" not in str(bom.value)
 
 
 def test_json_outputs_write_non_finite_values_as_triton_does_and_finite_ones_unchanged() -> None:

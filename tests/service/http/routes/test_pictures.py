@@ -4,12 +4,15 @@ where (its own thread, not the decode pool), within which deadline, and when JSO
 from __future__ import annotations
 
 import asyncio
+import io
 import threading
 from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from PIL import Image
 
+from service.imaging.render import MAX_PICTURE_PIXELS, picture_size
 from service.tasks.detection import TASK as DETECTION
 from tests.conftest import ROOT, png_bytes, running_app
 from tests.service.helpers import assert_problem
@@ -27,6 +30,7 @@ class HeldPicture:
     def __init__(self) -> None:
         self.started = threading.Event()
         self.released = threading.Event()
+        self.drawn = 0  # pictures that began to be drawn
 
     def release(self) -> None:
         self.released.set()
@@ -38,6 +42,7 @@ def held(monkeypatch: pytest.MonkeyPatch) -> Iterator[HeldPicture]:
     draw = type(DETECTION).picture
 
     def picture(self, *args):  # type: ignore[no-untyped-def]
+        hold.drawn += 1
         hold.started.set()
         hold.released.wait(60)  # a bound, so a broken test ends; never reached when it passes
         return draw(self, *args)
@@ -64,10 +69,33 @@ async def test_a_picture_being_drawn_holds_up_no_other_request(held: HeldPicture
 async def test_a_picture_is_drawn_within_the_requests_deadline(held: HeldPicture) -> None:
     async with running_app() as client:
         late = await client.post(DETECT + "?render=png&timeout=0.5", files={"image": CANVAS})
+        assert held.started.is_set()  # it was being drawn (held) when its deadline passed
         held.release()
         after = await client.post(DETECT + "?render=png", files={"image": CANVAS})
     assert_problem(late, 504, "picture")
     assert after.status_code == 200 and after.headers["content-type"] == "image/png"
+
+
+async def test_a_picture_still_queued_at_its_deadline_is_never_drawn(held: HeldPicture) -> None:
+    async with running_app() as client:
+        first = asyncio.ensure_future(client.post(DETECT + "?render=png", files={"image": CANVAS}))
+        assert await asyncio.to_thread(held.started.wait, 60)  # the one render thread is taken
+        queued = await client.post(DETECT + "?render=png&timeout=0.5", files={"image": CANVAS})
+        held.release()
+        assert (await first).status_code == 200
+        last = await client.post(DETECT + "?render=png", files={"image": CANVAS})  # runs after any queued one
+    assert_problem(queued, 504, "waited to be drawn")
+    assert last.status_code == 200 and held.drawn == 2  # the first and the last: the queued one was dropped
+
+
+async def test_a_large_image_is_drawn_at_the_bounded_picture_size() -> None:
+    big = png_bytes(np.tile(np.arange(3000, dtype=np.uint8), (2000, 1)))  # 3000x2000 = 6 MP, over the bound
+    async with running_app() as client:
+        detections = await client.post(DETECT + "?threshold=0", files={"image": big})
+        picture = await client.post(DETECT + "?render=png", files={"image": big})
+    assert detections.json()["image"] == {"width": 3000, "height": 2000}  # the JSON keeps full-size pixels
+    drawn = Image.open(io.BytesIO(picture.content))
+    assert drawn.size == picture_size((3000, 2000)) and drawn.width * drawn.height <= MAX_PICTURE_PIXELS
 
 
 async def test_accept_image_png_gets_json_when_there_is_no_one_picture_to_draw() -> None:
