@@ -61,6 +61,19 @@ def allowed_methods(routes: Sequence[BaseRoute], scope: Scope) -> list[str]:
     return sorted(allowed)
 
 
+def not_allowed(routes: Sequence[BaseRoute], scope: Scope) -> tuple[int, str, dict[str, str]]:
+    """The answer to a request whose method its path does not take: (status, detail, headers).
+
+    405 with ``Allow`` (:func:`allowed_methods`) when some route has the path; 404 when none
+    but a catch-all does (TRACE on /v2/anything). The same for /v1 (as problem+json) and /v2
+    (as the protocol's ``{"error"}``): the caller picks the format.
+    """
+    method, path = scope["method"], scope["path"]
+    if allowed := ", ".join(allowed_methods(routes, scope)):
+        return 405, f"{method} is not allowed on {path}; use {allowed}", {"Allow": allowed}
+    return 404, f"no such endpoint: {method} {path}", {}
+
+
 class HeadAsGet:
     """Serves ``HEAD`` as ``GET`` without the content, on every path whose GET route comes first.
 

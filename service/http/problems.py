@@ -15,7 +15,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.core.errors import PROBLEM_MEDIA_TYPE, InvalidParameter, ProblemError
 from service.http import accounting
-from service.http.methods import allowed_methods
+from service.http.methods import not_allowed
 
 log = logging.getLogger(__name__)
 
@@ -105,14 +105,9 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        headers, status, detail = dict(exc.headers or {}), exc.status_code, str(exc.detail)
+        status, detail, headers = exc.status_code, str(exc.detail), dict(exc.headers or {})
         if status == 405:  # every route of the path, not the first one's (service/http/methods.py)
-            if allowed := ", ".join(allowed_methods(request.app.router.routes, request.scope)):
-                headers["Allow"] = allowed
-                detail = f"{request.method} is not allowed on {request.url.path}; use {allowed}"
-            else:  # only a catch-all has the path (TRACE on /v2/anything)
-                headers.pop("Allow", None)
-                status, detail = 404, f"no such endpoint: {request.method} {request.url.path}"
+            status, detail, headers = not_allowed(request.app.router.routes, request.scope)
         error = ProblemError(detail, headers=headers)
         error.status, error.slug = status, f"http-{status}"
         error.title = {404: "Not found", 405: "Method not allowed"}.get(status, "HTTP error")

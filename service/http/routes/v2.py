@@ -24,7 +24,7 @@ from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, get_repository
 from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
-from service.http.methods import allowed_methods, catch_all
+from service.http.methods import catch_all, not_allowed
 from service.http.middleware.access_log import logged_path
 from service.http.problems import protocol_error_response, unexpected
 from service.http.responses import server_timing
@@ -310,10 +310,5 @@ async def unknown(request: Request) -> Response:
     has the path (one of GET and HEAD, registered as two routes) as problem+json, and the
     catch-all would make PUT on an existing path a 404; here both are the protocol's error.
     """
-    allowed = allowed_methods(request.app.router.routes, request.scope)  # the app's: the repository's routes too
-    if allowed:
-        methods = ", ".join(allowed)
-        return protocol_error_response(
-            405, f"{request.method} is not allowed on {request.url.path}; use {methods}", {"Allow": methods}
-        )
-    return protocol_error_response(404, f"no such endpoint: {request.method} {request.url.path}")
+    status, detail, headers = not_allowed(request.app.router.routes, request.scope)  # the repository's routes too
+    return protocol_error_response(status, detail, headers or None)
