@@ -30,6 +30,15 @@ def served_version(name: str) -> Path:
     return max((p for p in (MODEL_REPOSITORY / name).iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
+def num_queries(name: str) -> int:
+    """A committed detector's number of object queries: the Q of its served graph's ``pred_boxes`` (B, Q, 4)."""
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(served_version(name) / "model.onnx"), providers=["CPUExecutionProvider"])
+    (queries,) = {o.shape[1] for o in session.get_outputs() if o.name == "pred_boxes"}
+    return int(queries)
+
+
 @pytest.fixture
 def anyio_backend() -> str:
     return "asyncio"

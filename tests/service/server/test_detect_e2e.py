@@ -15,7 +15,7 @@ from models.detection_data import example_canvas, load_split, to_coco
 from models.detection_eval import coco_ap, detect_images, set_quality
 from service.runtime.manifest import load_manifest
 from service.tasks.detection import DEFAULT_THRESHOLD
-from tests.conftest import ROOT, png_bytes, served_version, server_process
+from tests.conftest import ROOT, num_queries, png_bytes, served_version, server_process
 
 pytestmark = pytest.mark.slow
 MODEL = served_version("detr-digits")
@@ -48,12 +48,13 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 def test_ap_over_http_equals_the_offline_ap() -> None:
     metrics = load_manifest(MODEL / "model.json").provenance.metrics
     canvases = load_split("test", None, int(metrics["test_images"]))
+    queries = num_queries("detr-digits")
     with server_process() as (url, _):
         responses = asyncio.run(post_all(url, [png_bytes(c.image) for c in canvases], "?threshold=0", concurrency=16))
     for canvas, response in zip(canvases, responses, strict=True):
         height, width = canvas.image.shape
         assert response["image"] == {"width": width, "height": height}
-        assert len(response["detections"]) == 25  # every query: COCO AP wants them all
+        assert len(response["detections"]) == queries  # every query: COCO AP wants them all
     http = coco_ap(to_coco(canvases), [r["detections"] for r in responses])
     assert abs(http["AP"] - metrics["test_AP"]) <= 0.005
     assert abs(http["AP50"] - metrics["test_AP50"]) <= 0.005
