@@ -1,0 +1,117 @@
+"""The committed distilled ViT, ``vit-cifar10`` version 2 (DeiT, Touvron et al. 2021; issue 22): its
+accuracy recomputed through ONNX Runtime with the served preprocessing, the README's cat, the
+attention rollout over its two prefix tokens, and its embedding.
+
+Unlike version 1 (tests/service/imaging/test_vit_cifar10.py), its rollout is not asserted to peak
+on a lone patch of noise: the distilled model's class token does not single it out (the patch
+with the noise has the highest rollout at 1 of the 16 positions; docs/models.md), so that is
+not a property of this model to test."""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from PIL import Image
+
+from service.imaging.attention import render_png, rollout_grid
+from service.imaging.preprocess import Preprocessor
+from service.runtime.manifest import load_manifest
+from tests.conftest import MODEL_REPOSITORY, ROOT, running_app
+
+COMMITTED = MODEL_REPOSITORY / "vit-cifar10" / "2"
+CHELSEA = (ROOT / "examples" / "chelsea.png").read_bytes()
+
+
+@pytest.fixture(scope="module")
+def model():
+    manifest = load_manifest(COMMITTED / "model.json")
+    session = ort.InferenceSession(str(COMMITTED / "model.onnx"), providers=["CPUExecutionProvider"])
+    return manifest, session
+
+
+def test_the_manifest_records_the_class_and_distillation_tokens(model) -> None:
+    manifest, session = model
+    assert manifest.attention is not None and manifest.attention.prefix_tokens == ["class", "distillation"]
+    grid = manifest.attention.grid
+    outputs = dict(zip([o.name for o in session.get_outputs()], session.get_outputs(), strict=True))
+    assert manifest.outputs == ["logits", "embedding", "attentions"] == list(outputs)
+    assert outputs["attentions"].shape[-1] == 2 + grid.height * grid.width  # two prefix tokens, then the grid
+    assert manifest.provenance.metrics["epochs"] == 100
+    assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
+
+
+def test_the_rollout_reads_two_prefix_tokens_before_the_grid(model) -> None:
+    manifest, session = model
+    grid = (manifest.attention.grid.height, manifest.attention.grid.width)
+    x = Preprocessor(manifest.preprocessing)(Image.open(io.BytesIO(CHELSEA)).convert("RGB"))[None]
+    attentions = session.run(["attentions"], {manifest.input.name: x})[0][0]
+    heat = rollout_grid(attentions, grid, manifest.attention.prefix_tokens)
+    assert heat.shape == grid and (heat >= 0).all() and 0 < heat.sum() <= 1 + 1e-9
+    with pytest.raises(ValueError, match="patch grid plus 1 prefix"):
+        rollout_grid(attentions, grid)  # read as one class token, the grid would be off by one
+
+
+def _local_picture(top: dict) -> np.ndarray:
+    manifest = load_manifest(COMMITTED / "model.json")
+    session = ort.InferenceSession(str(COMMITTED / "model.onnx"), providers=["CPUExecutionProvider"])
+    image = Image.open(io.BytesIO(CHELSEA)).convert("RGB")
+    preprocessor = Preprocessor(manifest.preprocessing)
+    attentions = session.run(["attentions"], {manifest.input.name: preprocessor(image)[None]})[0][0]
+    spec = manifest.attention
+    png = render_png(
+        image,
+        image.size,
+        attentions,
+        (spec.grid.height, spec.grid.width),
+        preprocessor,
+        caption=f"{top['label']} {top['score']:.2f}",
+        prefix_tokens=spec.prefix_tokens,
+    )
+    return np.asarray(Image.open(io.BytesIO(png)).convert("RGB"), np.int16)
+
+
+@pytest.mark.anyio
+async def test_the_readme_cat_is_a_cat_and_its_rollout_is_drawn() -> None:
+    async with running_app() as client:
+        default = (await client.post("/v1/models/vit-cifar10/classify", files={"image": CHELSEA})).json()
+        first = (await client.post("/v1/models/vit-cifar10/classify?version=1", files={"image": CHELSEA})).json()
+        picture = await client.post("/v1/models/vit-cifar10/classify?render=png", files={"image": CHELSEA})
+        embedding = await client.post("/v1/models/vit-cifar10/embed", files={"image": CHELSEA})
+    assert default["version"] == "2"  # the highest version is the default; version 1 is still served
+    assert default["predictions"][0]["label"] == "cat"
+    assert first["version"] == "1" and first["predictions"][0]["label"] == "frog"  # the issue's starting point
+    assert picture.status_code == 200 and picture.headers["content-type"] == "image/png"
+    drawn = np.asarray(Image.open(io.BytesIO(picture.content)).convert("RGB"), np.int16)
+    assert drawn.shape[:2][::-1] == Image.open(io.BytesIO(CHELSEA)).size
+    # The same picture as one drawn here from the graph's attentions over both prefix tokens
+    # (a rollout that read one class token would have raised, or drawn another grid).
+    assert np.abs(drawn - _local_picture(default["predictions"][0])).max() <= 1
+    assert "render;dur=" in picture.headers["server-timing"]
+    vector = np.asarray(embedding.json()["embedding"])
+    assert embedding.status_code == 200 and vector.shape == (192,)
+    assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.slow
+def test_test_accuracy_is_recomputed_from_the_committed_graph(model) -> None:
+    from export import evaluate
+    from models.cifar import find_archive, load_split
+
+    try:
+        find_archive()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(str(exc))
+        pytest.skip(str(exc))
+    manifest, _ = model
+    test = load_split("test")
+    assert len(test.labels) == 10_000
+    recomputed = evaluate.accuracy(COMMITTED / "model.onnx", manifest.preprocessing, test)
+    assert abs(recomputed - manifest.provenance.metrics["test_accuracy"]) <= 0.002
+    # Issue 22's bar is 0.85, and this model misses it: 0.8468 after 100 epochs (docs/models.md). What
+    # holds is its own manifest figure and the distance to version 1, the plain ViT (0.7609).
+    assert recomputed >= 0.84
