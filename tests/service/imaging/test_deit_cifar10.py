@@ -1,6 +1,7 @@
-"""The committed distilled ViT, ``vit-cifar10`` version 2 (DeiT, Touvron et al. 2021; issue 22): its
-accuracy recomputed through ONNX Runtime with the served preprocessing, the README's cat, the
-attention rollout over its two prefix tokens, and its embedding.
+"""The committed distilled ViT, ``vit-cifar10`` version 2 (DeiT, Touvron et al. 2021; issue 22): the
+README's cat, the attention rollout over its two prefix tokens, and its embedding. Its accuracy is
+recomputed through ONNX Runtime with the served preprocessing beside version 1's, in
+tests/service/imaging/test_vit_cifar10.py.
 
 Unlike version 1 (tests/service/imaging/test_vit_cifar10.py), its rollout is not asserted to peak
 on a lone patch of noise: the distilled model's class token does not single it out (the patch
@@ -10,7 +11,6 @@ not a property of this model to test."""
 from __future__ import annotations
 
 import io
-import os
 
 import numpy as np
 import onnxruntime as ort
@@ -94,24 +94,3 @@ async def test_the_readme_cat_is_a_cat_and_its_rollout_is_drawn() -> None:
     vector = np.asarray(embedding.json()["embedding"])
     assert embedding.status_code == 200 and vector.shape == (192,)
     assert np.linalg.norm(vector) == pytest.approx(1.0, abs=1e-5)
-
-
-@pytest.mark.slow
-def test_test_accuracy_is_recomputed_from_the_committed_graph(model) -> None:
-    from export import evaluate
-    from models.cifar import find_archive, load_split
-
-    try:
-        find_archive()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
-    manifest, _ = model
-    test = load_split("test")
-    assert len(test.labels) == 10_000
-    recomputed = evaluate.accuracy(COMMITTED / "model.onnx", manifest.preprocessing, test)
-    assert abs(recomputed - manifest.provenance.metrics["test_accuracy"]) <= 0.002
-    # Issue 22's bar is 0.85, and this model misses it: 0.8468 after 100 epochs (docs/models.md). What
-    # holds is its own manifest figure and the distance to version 1, the plain ViT (0.7609).
-    assert recomputed >= 0.84
