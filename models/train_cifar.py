@@ -22,7 +22,10 @@ script (``--teacher``; the CNN), frozen, in eval mode. ``--erase`` adds DeiT's r
 The device is chosen automatically (CUDA when ``torch.cuda.is_available()``, with bf16
 autocast; else the CPU, float32, all of its cores). ``torch.compile`` is used where it
 works (``--no-compile`` turns it off). Each epoch ends with a resumable ``last.pt``;
-``--resume`` picks a killed run up where it stopped.
+``--resume`` picks a killed run up where it stopped. ``--init`` starts from the weights of an earlier
+run's ``checkpoint.pt`` (same architecture and config) with a fresh optimizer and schedule: a
+second, shorter cosine cycle at a lower peak learning rate continues a run whose schedule has
+ended (a warm restart, Loshchilov & Hutter, "SGDR", 2017).
 
 Writes into ``--out``: ``checkpoint.pt`` (for ``python -m export checkpoint``),
 ``metrics.json`` (test accuracy, wall time, throughput, device), ``history.json`` and
@@ -98,6 +101,27 @@ def load_teacher(path: Path, device: torch.device) -> nn.Module:
     for parameter in teacher.parameters():
         parameter.requires_grad_(False)
     return teacher
+
+
+def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
+    """Load the weights of ``path`` (a ``checkpoint.pt`` of this script) into ``model``.
+
+    Returns:
+        What the metrics record of the start: the checkpoint's path, its epochs and test accuracy.
+
+    Raises:
+        ValueError: the checkpoint is of another architecture or config.
+    """
+    checkpoint = torch.load(path, map_location="cpu", weights_only=False)
+    if checkpoint.get("architecture") != arch or checkpoint.get("config") != config:
+        raise ValueError(f"{path} is not a checkpoint of --arch {arch} with this config")
+    model.load_state_dict(checkpoint["state_dict"])
+    earlier = checkpoint.get("metrics", {})
+    return {
+        "initialised_from": str(path),
+        "initial_epochs": earlier.get("epochs"),
+        "initial_test_accuracy": earlier.get("test_accuracy"),
+    }
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -205,6 +229,7 @@ def train(
     data: Path | None = None,
     limit_per_class: int | None = None,
     resume: bool = False,
+    init: Path | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Train on CIFAR-10's training split, evaluate on its test split, write the run's files.
@@ -220,9 +245,15 @@ def train(
         data: the JPEG archive (default: :func:`models.cifar.find_archive`).
         limit_per_class: use only N images per class of each split (quick runs, tests).
         resume: continue from ``out/last.pt`` if it exists.
+        init: a ``checkpoint.pt`` of this script to start from (its weights only); its
+            architecture and config must be ``arch``'s. ``epochs`` then counts the new epochs.
 
     Returns:
         The metrics written to ``metrics.json``.
+
+    Raises:
+        ValueError: ``teacher`` given without ``arch`` "deit" or missing with it; ``init`` is not
+            a checkpoint of ``arch`` with the same config.
     """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     generator = seed_everything(seed)
@@ -238,6 +269,7 @@ def train(
         raise ValueError("--arch deit needs --teacher, and only it takes one")
     teacher_model = load_teacher(teacher, device) if teacher is not None else None
     model, config = build_model(arch)
+    started_from = load_init(model, config, arch, init) if init is not None else None
     model.to(device)
     parameters = sum(p.numel() for p in model.parameters())
     steps_per_epoch = len(x_train) // batch_size  # drop the last partial batch: one compiled shape
@@ -360,6 +392,7 @@ def train(
         "train_images": len(x_train),
         "test_images": len(x_test),
         "seed": seed,
+        **(started_from or {}),
     }
     name = f"{arch}-cifar10"
     torch.save(
@@ -414,6 +447,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, default=None, help="cifar10-jpeg.zip (default: ../shared/data/)")
     parser.add_argument("--limit-per-class", type=int, default=None, help="quick runs: N images per class")
     parser.add_argument("--resume", action="store_true", help="continue from <out>/last.pt")
+    parser.add_argument(
+        "--init", type=Path, default=None, help="start from this checkpoint.pt's weights (fresh optimizer and schedule)"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if args.threads is not None:
@@ -438,6 +474,7 @@ def main(argv: list[str] | None = None) -> None:
         data=args.data,
         limit_per_class=args.limit_per_class,
         resume=args.resume,
+        init=args.init,
     )
     print(
         f"{args.arch}: test accuracy {metrics['test_accuracy']:.4f} in {metrics['wall_seconds'] / 60:.1f} min "

@@ -132,3 +132,33 @@ def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path) -> 
     spec = served.attention
     heat = rollout_grid(attentions[0], (spec.grid.height, spec.grid.width), spec.prefix_tokens)
     assert heat.shape == (4, 4) and np.isfinite(heat).all()
+
+
+def test_init_starts_from_an_earlier_checkpoint_and_refuses_another_architecture(tmp_path) -> None:
+    """``--init``: a warm restart from an earlier run's weights (fresh optimizer and schedule)."""
+    import torch
+
+    from models.train_cifar import train
+
+    path = archive_or_skip()
+    small = {"batch_size": 16, "data": path, "limit_per_class": 4, "compile": False, "quiet": True}
+    first = train(tmp_path / "first", arch="vit", epochs=1, **small)
+    earlier = torch.load(tmp_path / "first" / "checkpoint.pt", weights_only=False)["state_dict"]
+
+    # a learning rate of 0 (AdamW's decay is lr * weight_decay): the weights are the earlier run's
+    # (the conv stem's BatchNorm statistics still follow the new epoch's batches)
+    same = train(tmp_path / "same", arch="vit", epochs=1, lr=0.0, init=tmp_path / "first" / "checkpoint.pt", **small)
+    loaded = torch.load(tmp_path / "same" / "checkpoint.pt", weights_only=False)["state_dict"]
+    weights = [name for name in earlier if not name.endswith(("running_mean", "running_var", "num_batches_tracked"))]
+    assert len(weights) > 50
+    assert all(torch.equal(earlier[name], loaded[name]) for name in weights)
+    assert same["initialised_from"] == str(tmp_path / "first" / "checkpoint.pt")
+    assert same["initial_epochs"] == 1 and same["initial_test_accuracy"] == first["test_accuracy"]
+
+    # one more epoch moves them
+    train(tmp_path / "more", arch="vit", epochs=1, lr=1e-4, init=tmp_path / "first" / "checkpoint.pt", **small)
+    moved = torch.load(tmp_path / "more" / "checkpoint.pt", weights_only=False)["state_dict"]
+    assert any(not torch.equal(earlier[name], moved[name]) for name in weights)
+
+    with pytest.raises(ValueError, match="not a checkpoint of --arch cnn"):
+        train(tmp_path / "cnn", arch="cnn", epochs=1, init=tmp_path / "first" / "checkpoint.pt", **small)
