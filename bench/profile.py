@@ -96,7 +96,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default="640x480", choices=list(images.SIZES))
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument(
+        "--rate",
+        type=int,
+        default=100,
+        help="py-spy samples per second; 0: no py-spy (each sample stops the server's threads, which "
+        "lowers its throughput: the CPU table is cleanest without it)",
+    )
     parser.add_argument(
         "--model",
         type=Path,
@@ -120,11 +126,13 @@ def main(argv: list[str] | None = None) -> None:
         names = thread_names(pid, py_spy)
         before = cpu_seconds(pid)
         record = [str(py_spy), "record", "--pid", str(pid), "--threads", "--rate", str(args.rate)]
-        sampler = subprocess.Popen(
-            [*record, "--duration", str(max(1, round(args.seconds) - 2)), "--format", "raw", "-o", str(collapsed)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
+        sampler = None
+        if args.rate > 0:
+            sampler = subprocess.Popen(
+                [*record, "--duration", str(max(1, round(args.seconds) - 2)), "--format", "raw", "-o", str(collapsed)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
         result: list[loadgen.LoadResult] = []
         load = threading.Thread(
             target=lambda: result.append(loadgen.run(url, files, concurrency=args.concurrency, seconds=args.seconds))
@@ -132,7 +140,8 @@ def main(argv: list[str] | None = None) -> None:
         load.start()
         load.join()
         after = cpu_seconds(pid)
-        sampler.wait()
+        if sampler is not None:
+            sampler.wait()
     finally:
         running.stop()
 
@@ -149,6 +158,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nCPU per request: {1e3 * total / requests:.2f} ms ({total / r.seconds:.2f} cores busy on average)")
     for label, seconds in spent.most_common():
         print(f"  {label:<40s} {1e3 * seconds / requests:7.2f} ms  {seconds / total:6.1%}")
+    if args.rate <= 0:
+        return
     print(f"\npy-spy ({collapsed}): busiest functions, inclusive, as a share of each group's samples")
     for label, frames in hot_spots(collapsed, names).items():
         print(f"  {label}")
