@@ -44,30 +44,32 @@ def test_the_manifest_records_the_class_and_distillation_tokens(model) -> None:
     assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
 
 
+def _attentions(manifest, session) -> np.ndarray:
+    """The graph's attentions for the README's cat, as the server preprocesses it: (layers, heads, T, T)."""
+    x = Preprocessor(manifest.preprocessing)(Image.open(io.BytesIO(CHELSEA)).convert("RGB"))[None]
+    return session.run(["attentions"], {manifest.input.name: x})[0][0]
+
+
 def test_the_rollout_reads_two_prefix_tokens_before_the_grid(model) -> None:
     manifest, session = model
     grid = (manifest.attention.grid.height, manifest.attention.grid.width)
-    x = Preprocessor(manifest.preprocessing)(Image.open(io.BytesIO(CHELSEA)).convert("RGB"))[None]
-    attentions = session.run(["attentions"], {manifest.input.name: x})[0][0]
+    attentions = _attentions(manifest, session)
     heat = rollout_grid(attentions, grid, manifest.attention.prefix_tokens)
     assert heat.shape == grid and (heat >= 0).all() and 0 < heat.sum() <= 1 + 1e-9
     with pytest.raises(ValueError, match="patch grid plus 1 prefix"):
         rollout_grid(attentions, grid)  # read as one class token, the grid would be off by one
 
 
-def _local_picture(top: dict) -> np.ndarray:
-    manifest = load_manifest(COMMITTED / "model.json")
-    session = ort.InferenceSession(str(COMMITTED / "model.onnx"), providers=["CPUExecutionProvider"])
+def _local_picture(model, top: dict) -> np.ndarray:
+    manifest, session = model
     image = Image.open(io.BytesIO(CHELSEA)).convert("RGB")
-    preprocessor = Preprocessor(manifest.preprocessing)
-    attentions = session.run(["attentions"], {manifest.input.name: preprocessor(image)[None]})[0][0]
     spec = manifest.attention
     png = render_png(
         image,
         image.size,
-        attentions,
+        _attentions(manifest, session),
         (spec.grid.height, spec.grid.width),
-        preprocessor,
+        Preprocessor(manifest.preprocessing),
         caption=f"{top['label']} {top['score']:.2f}",
         prefix_tokens=spec.prefix_tokens,
     )
@@ -75,7 +77,7 @@ def _local_picture(top: dict) -> np.ndarray:
 
 
 @pytest.mark.anyio
-async def test_the_readme_cat_is_a_cat_and_its_rollout_is_drawn() -> None:
+async def test_the_readme_cat_is_a_cat_and_its_rollout_is_drawn(model) -> None:
     async with running_app() as client:
         default = (await client.post("/v1/models/vit-cifar10/classify", files={"image": CHELSEA})).json()
         first = (await client.post("/v1/models/vit-cifar10/classify?version=1", files={"image": CHELSEA})).json()
@@ -89,7 +91,7 @@ async def test_the_readme_cat_is_a_cat_and_its_rollout_is_drawn() -> None:
     assert drawn.shape[:2][::-1] == Image.open(io.BytesIO(CHELSEA)).size
     # The same picture as one drawn here from the graph's attentions over both prefix tokens
     # (a rollout that read one class token would have raised, or drawn another grid).
-    assert np.abs(drawn - _local_picture(default["predictions"][0])).max() <= 1
+    assert np.abs(drawn - _local_picture(model, default["predictions"][0])).max() <= 1
     assert "render;dur=" in picture.headers["server-timing"]
     vector = np.asarray(embedding.json()["embedding"])
     assert embedding.status_code == 200 and vector.shape == (192,)
