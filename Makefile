@@ -123,7 +123,8 @@ model-cnn-cifar10: $(DEV_VENV)/.installed
 	cp runs/cnn-cifar10/checkpoint.pt models/weights/cnn-cifar10.pt
 
 # vit-cifar10 version 2: the same ViT with DeiT's distillation token, taught by the committed CNN
-# (issue 22; ~7.5 h on one thread of a 2-core CPU, resumable: rerun the same command after a stop).
+# (issue 22; 12.3 h of training on this 2-core CPU, mostly on one thread beside other runs (docs/models.md);
+# resumable: rerun the same command after a stop).
 model-deit-cifar10: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_cifar --arch deit --teacher models/weights/cnn-cifar10.pt \
 		--out runs/deit-cifar10 --threads 1 --epochs 100 --erase 0.25 --resume
