@@ -257,6 +257,15 @@ def train(
     """
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     generator = seed_everything(seed)
+    if (arch == "deit") != (teacher is not None):
+        raise ValueError("--arch deit needs --teacher, and only it takes one")
+    # the model and the checkpoints first, so a wrong flag fails before the data is decoded (which
+    # draws nothing from the random generators: the initial weights are the same either way)
+    teacher_model = load_teacher(teacher, device) if teacher is not None else None
+    model, config = build_model(arch)
+    started_from = load_init(model, config, arch, init) if init is not None else None
+    model.to(device)
+
     train_split, test_split = load_cifar10_splits(data, limit_per_class)
     mean_list, std_list = channel_stats(train_split.images)
     preprocessing = {**PREPROCESSING, "mean": mean_list, "std": std_list}
@@ -264,13 +273,6 @@ def train(
     std = torch.tensor(std_list, device=device).view(1, 3, 1, 1)
     x_train, y_train = to_device_tensor(train_split.images, device), torch.from_numpy(train_split.labels).to(device)
     x_test, y_test = to_device_tensor(test_split.images, device), torch.from_numpy(test_split.labels).to(device)
-
-    if (arch == "deit") != (teacher is not None):
-        raise ValueError("--arch deit needs --teacher, and only it takes one")
-    teacher_model = load_teacher(teacher, device) if teacher is not None else None
-    model, config = build_model(arch)
-    started_from = load_init(model, config, arch, init) if init is not None else None
-    model.to(device)
     parameters = sum(p.numel() for p in model.parameters())
     steps_per_epoch = len(x_train) // batch_size  # drop the last partial batch: one compiled shape
     total_steps = epochs * steps_per_epoch
