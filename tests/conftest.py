@@ -200,6 +200,19 @@ def require_tool(name: str, how: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def cifar_archive() -> Path:
+    """The CIFAR-10 JPEG archive (``models.cifar.find_archive``); a skip without it, a failure under CI."""
+    from models.cifar import find_archive
+
+    try:
+        return find_archive()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"CI needs the CIFAR-10 archive: {exc}")
+        pytest.skip(str(exc))
+
+
+@pytest.fixture(scope="session")
 def digits_test_split():
     from models.datasets import load_digits_splits
 

@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
-
-from models import cifar
-
-
-def archive_or_skip():
-    try:
-        return cifar.find_archive()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI needs the CIFAR-10 archive: {exc}")
-        pytest.skip(str(exc))
 
 
 def test_average_state_dicts_is_the_mean_of_floats_and_keeps_integer_buffers() -> None:
@@ -29,12 +16,12 @@ def test_average_state_dicts_is_the_mean_of_floats_and_keeps_integer_buffers() -
     assert int(averaged["n"]) == 3
 
 
-def test_two_runs_average_into_an_exportable_checkpoint_and_other_models_are_refused(tmp_path) -> None:
+def test_two_runs_average_into_an_exportable_checkpoint_and_other_models_are_refused(tmp_path, cifar_archive) -> None:
     from export.checkpoint import export_checkpoint
     from models.average_checkpoints import average
     from models.train_cifar import train
 
-    path = archive_or_skip()
+    path = cifar_archive
     small = {"epochs": 1, "batch_size": 16, "data": path, "limit_per_class": 4, "compile": False, "quiet": True}
     train(tmp_path / "a", arch="vit", seed=0, **small)
     train(tmp_path / "b", arch="vit", seed=1, **small)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import io
-import os
 import zipfile
 
 import numpy as np
@@ -11,15 +10,6 @@ import pytest
 from PIL import Image
 
 from models import cifar
-
-
-def archive_or_skip():
-    try:
-        return cifar.find_archive()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(f"CI needs the CIFAR-10 archive: {exc}")
-        pytest.skip(str(exc))
 
 
 def test_load_split_reads_classes_in_cifar_order(tmp_path) -> None:
@@ -48,8 +38,8 @@ def test_unknown_split_and_missing_archive_are_clear_errors(tmp_path) -> None:
         cifar.find_archive(tmp_path / "missing.zip")
 
 
-def test_the_real_archive_has_the_standard_splits() -> None:
-    path = archive_or_skip()
+def test_the_real_archive_has_the_standard_splits(cifar_archive) -> None:
+    path = cifar_archive
     train, test = cifar.load_cifar10_splits(path, limit_per_class=3)
     assert train.images.shape == (30, 32, 32, 3) and test.images.shape == (30, 32, 32, 3)
     with zipfile.ZipFile(path) as archive:
@@ -58,10 +48,10 @@ def test_the_real_archive_has_the_standard_splits() -> None:
     assert sum(n.startswith("test/") for n in names) == 10_000
 
 
-def test_a_tiny_training_run_writes_checkpoint_metrics_and_curves(tmp_path) -> None:
+def test_a_tiny_training_run_writes_checkpoint_metrics_and_curves(tmp_path, cifar_archive) -> None:
     from models.train_cifar import train
 
-    path = archive_or_skip()
+    path = cifar_archive
     metrics = train(
         tmp_path, arch="cnn", epochs=2, batch_size=16, data=path, limit_per_class=8, compile=False, quiet=True
     )
@@ -98,13 +88,13 @@ def test_distillation_loss_is_half_true_labels_half_teacher_argmax() -> None:
     assert all(p.grad is None for p in teacher.parameters())  # the teacher stays frozen
 
 
-def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path) -> None:
+def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path, cifar_archive) -> None:
     import json
 
     from export.checkpoint import export_checkpoint
     from models.train_cifar import train
 
-    path = archive_or_skip()
+    path = cifar_archive
     small = {"epochs": 1, "batch_size": 16, "data": path, "limit_per_class": 4, "compile": False, "quiet": True}
     train(tmp_path / "cnn", arch="cnn", **small)
     with pytest.raises(ValueError, match="--teacher"):
@@ -134,13 +124,13 @@ def test_a_tiny_deit_run_distils_from_a_cnn_checkpoint_and_exports(tmp_path) -> 
     assert heat.shape == (4, 4) and np.isfinite(heat).all()
 
 
-def test_init_starts_from_an_earlier_checkpoint_and_refuses_another_architecture(tmp_path) -> None:
+def test_init_starts_from_an_earlier_checkpoint_and_refuses_another_architecture(tmp_path, cifar_archive) -> None:
     """``--init``: a warm restart from an earlier run's weights (fresh optimizer and schedule)."""
     import torch
 
     from models.train_cifar import train
 
-    path = archive_or_skip()
+    path = cifar_archive
     small = {"batch_size": 16, "data": path, "limit_per_class": 4, "compile": False, "quiet": True}
     first = train(tmp_path / "first", arch="vit", epochs=1, **small)
     earlier = torch.load(tmp_path / "first" / "checkpoint.pt", weights_only=False)["state_dict"]

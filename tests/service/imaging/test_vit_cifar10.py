@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -61,16 +59,10 @@ def test_rollout_peaks_on_the_only_patch_with_content(model, row: int, col: int)
         ("2", 0.84),
     ],
 )
-def test_manifest_accuracy_is_recomputed_from_the_committed_graph(version: str, at_least: float) -> None:
+def test_manifest_accuracy_is_recomputed_from_the_committed_graph(version: str, at_least: float, cifar_archive) -> None:
     from export import evaluate
-    from models.cifar import find_archive, load_split
+    from models.cifar import load_split
 
-    try:
-        find_archive()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI"):
-            pytest.fail(str(exc))
-        pytest.skip(str(exc))
     committed = MODEL_REPOSITORY / "vit-cifar10" / version
     manifest = load_manifest(committed / "model.json")
     test = load_split("test")
