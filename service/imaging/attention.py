@@ -17,7 +17,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from service.imaging.preprocess import Preprocessor
-from service.imaging.render import displayed_canvas, png_bytes, scale_of
+from service.imaging.render import bounded_font_size, displayed_canvas, png_bytes, scale_of
 
 # Anchors of a dark-to-bright colour map (close to matplotlib's "inferno"), interpolated to 256.
 _ANCHORS = np.array(
@@ -141,7 +141,7 @@ def heatmap_image(
     out.paste(Image.blend(inside, Image.fromarray(COLORMAP[index], mode="RGB"), alpha), (left, top))
     if caption:
         draw = ImageDraw.Draw(out)
-        font = ImageFont.load_default(size=max(10, height // 16))
+        font = ImageFont.load_default(size=bounded_font_size(height // 16, width, height))
         x0, y0, x1, y1 = draw.textbbox((0, 0), caption, font=font)
         pad = max(2, (y1 - y0) // 4)
         draw.rectangle((0, 0, x1 - x0 + 2 * pad, y1 - y0 + 2 * pad), fill=(0, 0, 0))

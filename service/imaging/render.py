@@ -31,6 +31,22 @@ def picture_size(size: tuple[int, int]) -> tuple[int, int]:
     return max(1, min(w, MAX_PICTURE_PIXELS // h)), h
 
 
+MIN_FONT_SIZE = 10  # pixels: the smallest caption or label text drawn
+
+
+def bounded_font_size(preferred: int, width: int, height: int) -> int:
+    """A text size in pixels for a picture of ``width`` x ``height`` pixels.
+
+    ``preferred`` (what the picture's size asks for: it grows with the image), but at most a
+    quarter of the picture's shorter side, and at least :data:`MIN_FONT_SIZE`. A picture holds
+    at most :data:`MAX_PICTURE_PIXELS`, so its shorter side, and the font, stay bounded (512 px at
+    the most) whatever the aspect ratio: a 60 x 70,000 image would otherwise ask for a 4,375 px
+    font, whose glyph masks alone exceed Pillow's pixel limit, and a 1 x 4,000,000 one for a size
+    FreeType refuses.
+    """
+    return max(MIN_FONT_SIZE, min(preferred, min(width, height) // 4))
+
+
 def displayed_canvas(image: Image.Image, size: tuple[int, int]) -> Image.Image:
     """``image`` in RGB, at the size its picture is drawn: :func:`picture_size` of ``size`` (width, height).
 

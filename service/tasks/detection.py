@@ -24,7 +24,7 @@ from PIL import Image, ImageDraw, ImageFont
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from service.imaging import resize
-from service.imaging.render import displayed_canvas, png_bytes, scale_of
+from service.imaging.render import bounded_font_size, displayed_canvas, png_bytes, scale_of
 from service.tasks.base import BaseTask, decoded, options, output, register, result_schema
 from service.tasks.detection_scores import RULES
 
@@ -124,8 +124,10 @@ def line_width(width: int, height: int) -> int:
 
 
 def font_size(width: int, height: int) -> int:
-    """Label text size in pixels: 10 px, larger for images over 400 px."""
-    return max(10, round(max(width, height) / 40))
+    """Label text size in pixels for a picture of ``width`` x ``height``: 10 px, larger for
+    pictures over 400 px (a 40th of the longer side), at most a quarter of the shorter side
+    (:func:`~service.imaging.render.bounded_font_size`)."""
+    return bounded_font_size(round(max(width, height) / 40), width, height)
 
 
 def draw_detections(image: Image.Image, detections: Sequence[dict[str, Any]], size: tuple[int, int]) -> Image.Image:

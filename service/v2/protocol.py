@@ -162,7 +162,7 @@ def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
     if len(data) > max_bytes:
         raise PayloadTooLarge(f"the decompressed body is over the limit of {max_bytes} bytes")
     if not inflater.eof:
-        raise BadRequest(f"the {encoding} body is truncated")
+        raise BadRequest(f"the {encoding} body ends before its end of stream (truncated or corrupt)")
     return data
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from service.imaging.render import MAX_PICTURE_PIXELS, picture_size
+from service.imaging.render import MAX_PICTURE_PIXELS, MIN_FONT_SIZE, bounded_font_size, picture_size
 from service.tasks.detection import TASK as DETECTION
 from tests.conftest import ROOT, png_bytes, running_app
 from tests.service.helpers import assert_problem
@@ -96,6 +96,32 @@ async def test_a_large_image_is_drawn_at_the_bounded_picture_size() -> None:
     assert detections.json()["image"] == {"width": 3000, "height": 2000}  # the JSON keeps full-size pixels
     drawn = Image.open(io.BytesIO(picture.content))
     assert drawn.size == picture_size((3000, 2000)) and drawn.width * drawn.height <= MAX_PICTURE_PIXELS
+
+
+@pytest.mark.parametrize(
+    ("route", "width", "height"),
+    [
+        ("/v1/models/vit-cifar10/classify", 60, 70_000),  # the heat map's caption
+        ("/v1/models/detr-digits/detect?threshold=0", 1, 4_000_000),  # the boxes' labels
+        ("/v1/models/detr-digits/detect?threshold=0", 4_000_000, 1),
+    ],
+)
+async def test_a_very_elongated_image_gets_its_picture(route: str, width: int, height: int) -> None:
+    # Found by a fresh user: text sized by the longer side alone asked Pillow for a 4,375 px font
+    # (a decompression-bomb error) or FreeType for more than it takes (an OSError): a 500.
+    strip = png_bytes(np.full((height, width, 3), 90, np.uint8))
+    async with running_app() as client:
+        picture = await client.post(route, params={"render": "png"}, files={"image": strip})
+    assert picture.status_code == 200, picture.text
+    drawn = Image.open(io.BytesIO(picture.content))
+    assert drawn.size == picture_size((width, height))
+
+
+def test_text_grows_with_the_picture_but_not_past_a_quarter_of_its_shorter_side() -> None:
+    assert bounded_font_size(16, 640, 480) == 16  # an ordinary photo: as the picture asks
+    assert bounded_font_size(4375, 60, 70_000) == 15
+    assert bounded_font_size(100_000, 1, 4_000_000) == MIN_FONT_SIZE  # never below the floor
+    assert bounded_font_size(3, 300, 200) == MIN_FONT_SIZE
 
 
 async def test_accept_image_png_gets_json_when_there_is_no_one_picture_to_draw() -> None:
