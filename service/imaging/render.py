@@ -40,7 +40,7 @@ def bounded_font_size(preferred: int, width: int, height: int) -> int:
     ``preferred`` (what the picture's size asks for: it grows with the image), but at most a
     quarter of the picture's shorter side, and at least :data:`MIN_FONT_SIZE`. A picture holds
     at most :data:`MAX_PICTURE_PIXELS`, so its shorter side, and the font, stay bounded (512 px at
-    the most) whatever the aspect ratio: a 60 x 70,000 image would otherwise ask for a 4,375 px
+    the most) whatever the aspect ratio: a 60 x 70,000 image would otherwise ask for a 4,372 px
     font, whose glyph masks alone exceed Pillow's pixel limit, and a 1 x 4,000,000 one for a size
     FreeType refuses.
     """

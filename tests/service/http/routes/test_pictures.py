@@ -107,7 +107,7 @@ async def test_a_large_image_is_drawn_at_the_bounded_picture_size() -> None:
     ],
 )
 async def test_a_very_elongated_image_gets_its_picture(route: str, width: int, height: int) -> None:
-    # Found by a fresh user: text sized by the longer side alone asked Pillow for a 4,375 px font
+    # Found by a fresh user: text sized by the longer side alone asked Pillow for a 4,372 px font
     # (a decompression-bomb error) or FreeType for more than it takes (an OSError): a 500.
     strip = png_bytes(np.full((height, width, 3), 90, np.uint8))
     async with running_app() as client:
@@ -119,7 +119,7 @@ async def test_a_very_elongated_image_gets_its_picture(route: str, width: int, h
 
 def test_text_grows_with_the_picture_but_not_past_a_quarter_of_its_shorter_side() -> None:
     assert bounded_font_size(16, 640, 480) == 16  # an ordinary photo: as the picture asks
-    assert bounded_font_size(4375, 60, 70_000) == 15
+    assert bounded_font_size(4372, 59, 69_952) == 14  # 60 x 70,000 drawn at picture_size: 59 x 69,952
     assert bounded_font_size(100_000, 1, 4_000_000) == MIN_FONT_SIZE  # never below the floor
     assert bounded_font_size(3, 300, 200) == MIN_FONT_SIZE
 
