@@ -17,6 +17,9 @@ from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "PATCHSERVE_"
+# The longest request timeout, seconds (a day): a deadline stays a finite, representable time, and
+# /v2's model config its microseconds in a uint64 (Triton's default_timeout_microseconds).
+MAX_REQUEST_TIMEOUT = 86_400.0
 _TOKEN68 = re.compile(r"^[A-Za-z0-9\-._~+/]+=*$")
 _ORIGIN = re.compile(r"^https?://[^/\s,]+$")
 _SECRET_FIELDS = {"api_keys"}
@@ -53,6 +56,7 @@ class Settings(BaseSettings):
     request_timeout: float = Field(
         30.0,
         gt=0.0,
+        le=MAX_REQUEST_TIMEOUT,
         description="Seconds from arrival to a request's deadline (504 if still queued); a request may ask for less.",
     )
 

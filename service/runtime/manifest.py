@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from service import tasks
+from service.core.settings import MAX_REQUEST_TIMEOUT
 from service.imaging.spec import Preprocessing, Size
 
 SCHEMA_VERSION = 1
@@ -121,9 +122,10 @@ class Batching(_Strict):
     """
 
     max_batch_size: int | None = Field(None, ge=1, le=1024)
-    max_queue_delay: float | None = Field(None, ge=0.0, le=10.0)
+    max_queue_delay: float | None = Field(None, ge=0.0, le=10.0, allow_inf_nan=False)
     queue_size: int | None = Field(None, ge=1)
-    request_timeout: float | None = Field(None, gt=0.0)
+    # finite and at most a day: Infinity would disable the deadline, and overflow /v2's config
+    request_timeout: float | None = Field(None, gt=0.0, le=MAX_REQUEST_TIMEOUT, allow_inf_nan=False)
 
 
 class Manifest(_Strict):

@@ -37,6 +37,14 @@ def test_a_timeout_that_is_not_finite_stops_the_start(monkeypatch, capsys, varia
     assert stopped.value.code == 2 and variable in capsys.readouterr().err
 
 
+def test_a_request_timeout_over_a_day_stops_the_start(monkeypatch, capsys) -> None:
+    # 1e303 s passed gt=0, and /v2's model config overflowed converting it to microseconds (a 500)
+    monkeypatch.setenv("PATCHSERVE_REQUEST_TIMEOUT", "1e303")
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    assert stopped.value.code == 2 and "less than or equal to 86400" in capsys.readouterr().err
+
+
 def test_an_unknown_patchserve_variable_is_named_with_the_setting_it_resembles() -> None:
     environ = {"PATCHSERVE_MAX_BATCH": "8", "PATCHSERVE_PORT": "9000", "PATCHSERVE_ZZZ": "1", "HOME": "/root"}
     assert unknown_variables(environ) == [

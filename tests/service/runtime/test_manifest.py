@@ -39,6 +39,10 @@ def test_committed_manifest_loads() -> None:
         (lambda d: d.update(schema_version=99), "schema_version"),
         (lambda d: d.update(batching={"max_batch_size": 0}), "batching.max_batch_size"),
         (lambda d: d.update(batching={"max_delay": 0.01}), "batching.max_delay"),
+        # Infinity (json's) and 1e303 s: found by a reviewer, /v2's config answered 500 (uint64 microseconds)
+        (lambda d: d.update(batching={"request_timeout": float("inf")}), "batching.request_timeout"),
+        (lambda d: d.update(batching={"request_timeout": 1e303}), "batching.request_timeout"),
+        (lambda d: d.update(batching={"max_queue_delay": float("nan")}), "batching.max_queue_delay"),
         (lambda d: d["preprocessing"].update(resize="letterbox", crop_size={"height": 4, "width": 4}), "crop_size"),
         (lambda d: d.update(task="detection") or d["preprocessing"].update(resize="center_crop"), "no crop"),
     ],
