@@ -231,7 +231,9 @@ class Batcher:
     # The loop: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
     async def _loop(self) -> None:
-        stopped_by: ProblemError = Unavailable(f"model {self.name}: the server is shutting down")
+        stopped_by: ProblemError = Unavailable(
+            f"model {self.name}: stopped (the server is shutting down, or this version was unloaded)"
+        )
         try:
             while True:
                 await self._until_a_runner_is_idle()

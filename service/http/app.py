@@ -203,7 +203,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         settings.model_repository,
         loader(settings, threads, tuner(settings)),
         ModelRepository(settings.model_repository),
-        drain_timeout=settings.request_timeout + settings.body_timeout,
+        drain_margin=settings.body_timeout,
         signal=control_signal(settings),
     )
 

@@ -21,7 +21,7 @@ the new one.
 **Retire.** A version the policy no longer selects (or whose folder went, or whose model was
 unloaded) leaves the routing table at once: no new request reaches it. Requests that reached it
 hold it (:meth:`ModelRepository.use`) until answered, so what it has queued and in flight gets
-its answer; once none holds it (or after ``drain_timeout`` seconds) its batcher stops and its
+its answer; once none holds it (or after its request timeout and ``drain_margin`` seconds) its batcher stops and its
 sessions and buffers are let go.
 
 **Failure.** A version that fails to load never enters the table, so it never displaces the one
@@ -69,13 +69,15 @@ class ModelControl:
         root: the repository folder.
         loader: loads one version (blocking).
         repository: the routing table it changes.
-        drain_timeout: most seconds a retiring version waits for its requests before it is released.
+        drain_margin: seconds past a retiring version's own request timeout (its manifest's
+            ``batching.request_timeout``, else the setting) that it waits for its requests before
+            it is released: by then each of them has had its answer or its 504.
     """
 
     root: Path
     loader: Loader
     repository: ModelRepository
-    drain_timeout: float = 60.0
+    drain_margin: float = 30.0
     signal: ControlSignal | None = None  # with several workers: API changes go to every worker
     states: dict[str, dict[int, VersionState]] = field(default_factory=dict)
     overrides: dict[str, VersionPolicy] = field(default_factory=dict)  # from the load API's config
@@ -256,13 +258,18 @@ class ModelControl:
         self._retiring.add(task)
         task.add_done_callback(self._retiring.discard)
 
+    def drain_timeout(self, model: ModelVersion) -> float:
+        """Most seconds retiring ``model`` waits for its requests: its request timeout and ``drain_margin``."""
+        return model.batcher.config.request_timeout + self.drain_margin
+
     async def _drain(self, model: ModelVersion, reason: str) -> None:
         log.info("model %s version %d: retiring; finishing its %d request(s)", model.name, model.version, model.users)
+        drain_timeout = self.drain_timeout(model)
         try:
-            await asyncio.wait_for(model.until_unused(), self.drain_timeout)
+            await asyncio.wait_for(model.until_unused(), drain_timeout)
         except TimeoutError:
             log.warning("model %s version %d: %d request(s) still held it after %.0f s; releasing it anyway",
-                        model.name, model.version, model.users, self.drain_timeout)  # fmt: skip
+                        model.name, model.version, model.users, drain_timeout)  # fmt: skip
         await model.release()
         states = self.states.get(model.name, {})
         if model.version not in self.repository.models.get(model.name, {}):  # (else: new files of it serve)

@@ -138,6 +138,19 @@ async def test_a_retired_version_answers_everything_it_queued_and_ran(repository
         assert [e["version"] for e in (await client.post(INDEX)).json()] == ["2"]
 
 
+async def test_a_retiring_version_waits_for_its_own_request_timeout(repository: Path) -> None:
+    # Found by a reviewer: the wait was the server's request timeout, so a version whose manifest
+    # gives its requests longer was released under them (503) before their deadlines.
+    path = repository / "vit-digits" / "1" / "model.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "batching": {"request_timeout": 10.0}}))
+    settings = make_settings(model_repository=repository, request_timeout=1.0, body_timeout=2.0)
+    async with running_app(settings) as client:
+        v1 = client.app.state.server.repository.get("vit-digits", "1")
+        assert v1.batcher.config.request_timeout == 10.0
+        assert control(client).drain_timeout(v1) == 10.0 + 2.0
+
+
 async def test_a_corrupt_version_is_refused_and_the_serving_one_keeps_serving(repository: Path) -> None:
     def loads(text: str, version: str, outcome: str) -> float:
         return sample(text, "patchserve_model_loads_total", model="vit-digits", version=version, outcome=outcome)
