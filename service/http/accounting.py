@@ -10,11 +10,17 @@ becomes a label: unknown models and versions are ``("_unknown", "")``.
 
 from __future__ import annotations
 
+import functools
+import re
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
+from urllib.parse import parse_qs
 
+from starlette.types import Scope
+
+from service import tasks
 from service.core import metrics
 from service.core.errors import ModelNotFound
 
@@ -81,3 +87,27 @@ def labels_for(repository: Any | None, name: str, version: str | None) -> tuple[
 def count_refused(labels: tuple[str, str], outcome: str) -> None:
     """Count a request refused before its handler ran (admission's 503, a 422); not timed."""
     metrics.observe_request(*labels, outcome, None)
+
+
+@functools.cache
+def _inference_path(verbs: tuple[str, ...]) -> re.Pattern[str]:
+    """/v1/models/{name}/{verb} of every registered task, and the Open Inference Protocol's
+    /v2/models/{name}[/versions/{v}]/infer."""
+    alternatives = "|".join(re.escape(verb) for verb in (*verbs, "infer"))
+    return re.compile(rf"^/v[12]/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?:{alternatives})$")
+
+
+def inference_labels(scope: Scope) -> tuple[str, str] | None:
+    """The ``(model, version)`` metric labels an inference path names; None for other paths.
+
+    The version is the path's (``/versions/{v}``) or the query's (``?version=``), else the
+    default one. Unknown models and versions give ``("_unknown", "")``, as the routes do.
+    """
+    match = _inference_path(tuple(tasks.verbs())).match(scope["path"])
+    if match is None:
+        return None
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    version = match["version"] or (query.get("version") or [None])[0]
+    app = scope.get("app")
+    repository = getattr(getattr(getattr(app, "state", None), "server", None), "repository", None)
+    return labels_for(repository, match["name"], version)

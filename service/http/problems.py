@@ -64,17 +64,16 @@ def _validation_detail(exc: RequestValidationError) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-def _count_refused_inference(request: Request) -> None:
-    """Count a 422 of an inference route (refused before its handler ran) as ``client_error``.
+def count_refused_inference(request: Request) -> None:
+    """Count a refusal of an inference route's parameters (before its handler ran) as ``client_error``.
 
-    Labelled with the model's name and default version when the model exists, else
-    ``_unknown``: a client's arbitrary name never becomes a label.
+    Labelled as :func:`~service.http.accounting.inference_labels` reads the path and query (the
+    version asked for, else the default; ``_unknown`` for a model that does not exist: a
+    client's arbitrary name never becomes a label). Other paths are not counted.
     """
-    name = request.path_params.get("name")
-    if name is None or request.method != "POST":
-        return
-    repository = getattr(getattr(request.app.state, "server", None), "repository", None)
-    accounting.count_refused(accounting.labels_for(repository, name, None), "client_error")
+    labels = accounting.inference_labels(request.scope)
+    if labels is not None and request.method == "POST":
+        accounting.count_refused(labels, "client_error")
 
 
 def unexpected(exc: BaseException, where: str) -> ProblemError:
@@ -100,7 +99,7 @@ def install_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
-        _count_refused_inference(request)
+        count_refused_inference(request)
         return error_response_for(request.url.path, InvalidParameter(_validation_detail(exc)), request_id(request))
 
     @app.exception_handler(StarletteHTTPException)

@@ -24,15 +24,11 @@ path names (``_unknown`` when there is no such model).
 from __future__ import annotations
 
 import asyncio
-import functools
-import re
 import time
 from typing import Any
-from urllib.parse import parse_qs
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service import tasks
 from service.core.errors import BodyTimeout, Unavailable
 from service.http import accounting
 from service.http.problems import error_response_for
@@ -43,29 +39,6 @@ DRAIN_SECONDS = 5.0  # most time spent reading a refused request's body before a
 # of 0 cancels a read before it runs (a body that had long arrived got a 408 when the app reached it
 # late), and wait_for can swallow a cancellation that arrives as the read completes, losing an outer
 # deadline (service.http.lifetime.body_by_deadline). A read that does not have to wait returns at once.
-
-
-@functools.cache
-def _inference_path(verbs: tuple[str, ...]) -> re.Pattern[str]:
-    """/v1/models/{name}/{verb} of every registered task, and the Open Inference Protocol's
-    /v2/models/{name}[/versions/{v}]/infer."""
-    alternatives = "|".join(re.escape(verb) for verb in (*verbs, "infer"))
-    return re.compile(rf"^/v[12]/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?/(?:{alternatives})$")
-
-
-def model_labels(scope: Scope) -> tuple[str, str] | None:
-    """The ``(model, version)`` metric labels an inference path names; None for other paths.
-
-    Unknown models and versions give ``("_unknown", "")``, as the routes do.
-    """
-    match = _inference_path(tuple(tasks.verbs())).match(scope["path"])
-    if match is None:
-        return None
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
-    version = match["version"] or (query.get("version") or [None])[0]
-    app = scope.get("app")
-    repository = getattr(getattr(getattr(app, "state", None), "server", None), "repository", None)
-    return accounting.labels_for(repository, match["name"], version)
 
 
 class AdmissionMiddleware:
@@ -113,7 +86,7 @@ class AdmissionMiddleware:
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
         state: dict[str, Any] = scope.setdefault("state", {})
-        labels = model_labels(scope)
+        labels = accounting.inference_labels(scope)
         if labels is not None:
             state["model"], state["version"] = labels
             accounting.count_refused(labels, Unavailable.outcome)

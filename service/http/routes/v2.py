@@ -26,7 +26,7 @@ from service.http.deps import Repository, State, get_repository
 from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
 from service.http.methods import catch_all, not_allowed
 from service.http.middleware.access_log import logged_path
-from service.http.problems import protocol_error_response, unexpected
+from service.http.problems import count_refused_inference, protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.uploads import read_body
 from service.runtime.repository import ModelVersion
@@ -83,7 +83,8 @@ class ProtocolRoute(APIRoute):
                 return await handler(request)
             except ProblemError as exc:
                 return protocol_error_response(exc.status, exc.detail, exc.headers)
-            except RequestValidationError as exc:
+            except RequestValidationError as exc:  # the app's handler, which counts it, never sees it
+                count_refused_inference(request)
                 return protocol_error_response(400, _validation_detail(exc))
             except StarletteHTTPException as exc:
                 return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
