@@ -125,10 +125,14 @@ async def test_json_infer_equals_v1_classify_on_the_same_tensor() -> None:
             await client.post("/v1/models/vit-digits/classify", files={"image": DIGIT_7}, params={"top_k": 10})
         ).json()
         response = await client.post(INFER, json=json_request(x, id="req-1"))
+        # "outputs": [] asks for none in particular: every output, as Triton answers (a reviewer's find:
+        # it ran the model and returned nothing)
+        empty = await client.post(INFER, json=json_request(x, id="req-1", outputs=[]))
     assert response.status_code == 200 and response.headers["content-type"] == "application/json"
     body = response.json()
     assert body["model_name"] == "vit-digits" and body["model_version"] == "1" and body["id"] == "req-1"
     assert [o["name"] for o in body["outputs"]] == ["logits", "embedding"]  # every output unless some are asked for
+    assert empty.json() == body
     output = body["outputs"][0]
     assert output["name"] == "logits" and output["datatype"] == "FP32" and output["shape"] == [1, 10]
     logits = np.asarray(output["data"], np.float32).reshape(1, 10)
