@@ -65,12 +65,27 @@ def validate_repository(settings: Settings) -> None:
             raise RepositoryError(str(exc)) from None
 
 
+def startup_version_count(settings: Settings) -> int:
+    """How many model versions start-up serves: each model's version policy (Triton's) applied to its
+    version folders, so versions kept on disk that no policy selects take no share of the cores.
+
+    Raises:
+        RepositoryError: the repository's layout is invalid.
+        ConfigError: a model's config.json is invalid.
+    """
+    versions: dict[str, list[int]] = {}
+    for name, version, _ in discover(settings.model_repository):
+        versions.setdefault(name, []).append(version)
+    root = settings.model_repository
+    return sum(len(read_config(root / name).version_policy.select(found)) for name, found in versions.items())
+
+
 def thread_plan(settings: Settings) -> ThreadPlan:
     """The threads each model version gets, from the usable cores and the settings that force values."""
     return plan_threads(
         usable_cpus(),
         workers=settings.workers,
-        models=len(discover(settings.model_repository)),
+        models=startup_version_count(settings),
         device_type="cuda" if requested_providers(settings.device)[0] == CUDA else "cpu",
         instances=settings.instances,
         intra_op_threads=settings.intra_op_threads,

@@ -71,6 +71,21 @@ def test_version_policies_select_as_triton_does() -> None:
         parse_config('{"version_policy": {"latest": {"num_versions": 0}}}', "config.json")
 
 
+def test_the_thread_plan_shares_the_cores_among_the_versions_the_policies_serve(repository: Path) -> None:
+    # Found by a reviewer: every version folder took a share, so keeping old versions on disk (as
+    # Triton's users do) left cores idle and turned the wide session and spinning off.
+    from service.http.app import startup_version_count, thread_plan
+
+    for version in (2, 3):
+        publish(repository, "vit-digits", version, kind="copy")
+    settings = make_settings(model_repository=repository, instances=None)
+    assert startup_version_count(settings) == 1  # the default policy: the latest version only
+    assert "shared by" not in thread_plan(settings).reason  # one version: every core is its own
+    (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"all": {}}}')
+    assert startup_version_count(settings) == 3
+    assert "shared by 3 model versions" in thread_plan(settings).reason
+
+
 async def test_load_api_swaps_in_a_new_version_and_retires_the_old(repository: Path) -> None:
     reference = Reference(repository, "vit-digits")
     async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
