@@ -44,6 +44,7 @@ from service.core.lifecycle import request_shutdown
 from service.core.logs import log_config
 from service.core.settings import Settings
 from service.process.connections import PROTOCOL
+from service.runtime.worker_readiness import PREFIX as READY_PREFIX  # imports no prometheus_client
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,9 @@ def prepare_multiprocess_dir() -> tuple[Path, bool]:
 
     Uses ``$PROMETHEUS_MULTIPROC_DIR`` if set, else a new folder under the temporary directory
     (a tmpfs in the container). The ``*.db`` files an earlier run left there are removed, so
-    counts start at zero with every start, and so is the workers' model-control signal
-    (:mod:`service.runtime.control_signal`). Must run before prometheus_client is imported.
+    counts start at zero with every start, and so are the workers' model-control signal
+    (:mod:`service.runtime.control_signal`) and readiness marks
+    (:mod:`service.runtime.worker_readiness`). Must run before prometheus_client is imported.
 
     Returns:
         The folder, and whether it was created here (and so is removed at exit).
@@ -65,7 +67,8 @@ def prepare_multiprocess_dir() -> tuple[Path, bool]:
     given = os.environ.get(MULTIPROC_ENV)
     folder = Path(given) if given else Path(tempfile.mkdtemp(prefix="patchserve-metrics-"))
     folder.mkdir(parents=True, exist_ok=True)
-    for stale in [*folder.glob("*.db"), *folder.glob("model-control.*")]:  # and the workers' control signal
+    # and the workers' control signal, and their readiness marks (a pid of the last run may be reused)
+    for stale in [*folder.glob("*.db"), *folder.glob("model-control.*"), *folder.glob(f"{READY_PREFIX}*")]:
         stale.unlink()
     os.environ[MULTIPROC_ENV] = str(folder)
     return folder, not given

@@ -35,7 +35,7 @@ class ControlSignal:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.applied: dict[str, int] = {}
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, int, int] | None = None
 
     def read(self) -> dict[str, dict[str, Any]]:
         """model -> {"generation", "action": "load" | "unload", "policy": dict | None}; {} without a file."""
@@ -64,13 +64,16 @@ class ControlSignal:
     def pending(self) -> list[tuple[str, str, VersionPolicy | None]]:
         """The changes not applied here yet, as (model, action, policy); marks them applied.
 
-        Only reads the file when its size or modification time changed since the last call.
+        Only reads the file when its inode, size or modification time changed since the last
+        call. The inode is what tells two publications within one tick of the file system's
+        clock apart: each is a new file renamed over the last, which is still there when the
+        next is created, so the two never share an inode number.
         """
         try:
             stat = self.path.stat()
         except OSError:
             return []
-        stamp = (stat.st_size, stat.st_mtime_ns)
+        stamp = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
         if stamp == self._stamp:
             return []
         self._stamp = stamp

@@ -30,11 +30,13 @@ def test_uvicorn_config_defaults_outlast_proxies_and_cover_the_drain() -> None:
 
 def test_the_metrics_folder_is_wiped_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "counter_123.db").write_bytes(b"old")
+    (tmp_path / "ready-4242").write_text("")  # a worker of the last run: its pid may be reused
+    (tmp_path / "model-control.json").write_text("{}")
     (tmp_path / "notes.txt").write_text("not ours")
     monkeypatch.setenv(serve.MULTIPROC_ENV, str(tmp_path))
     folder, created = serve.prepare_multiprocess_dir()
     assert (folder, created) == (tmp_path, False)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # only the metric files go
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["notes.txt"]  # only the server's own files go
 
     monkeypatch.delenv(serve.MULTIPROC_ENV)
     folder, created = serve.prepare_multiprocess_dir()
