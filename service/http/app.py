@@ -51,33 +51,39 @@ from service.runtime.worker_readiness import WorkerReadiness
 log = logging.getLogger(__name__)
 
 
+def startup_versions(settings: Settings) -> list[tuple[str, int, Path]]:
+    """(name, version, folder) of each version start-up serves: each model's version policy
+    (Triton's) applied to its version folders.
+
+    Raises:
+        RepositoryError: the repository's layout is invalid, or a model's config.json is.
+    """
+    folders: dict[str, dict[int, Path]] = {}
+    for name, version, folder in discover(settings.model_repository):
+        folders.setdefault(name, {})[version] = folder
+    chosen = []
+    for name, versions in folders.items():
+        try:
+            policy = read_config(settings.model_repository / name).version_policy
+        except ConfigError as exc:
+            raise RepositoryError(str(exc)) from None
+        chosen += [(name, version, versions[version]) for version in sorted(policy.select(versions))]
+    return chosen
+
+
 def validate_repository(settings: Settings) -> None:
-    """Check the repository layout, every manifest and every model's config.json, without loading any graph.
+    """Check the repository layout, every model's config.json and the manifest of every version it
+    serves, without loading any graph. A version no policy selects is not checked (as Triton
+    does not load it); the poller and the load API check it if it is ever selected.
 
     Raises:
         RepositoryError: the first problem found, naming the file and field.
     """
-    for name, _, folder in discover(settings.model_repository):
+    for _, _, folder in startup_versions(settings):
         try:
             load_manifest(folder / "model.json")
-            read_config(settings.model_repository / name)
-        except (ManifestError, ConfigError) as exc:
+        except ManifestError as exc:
             raise RepositoryError(str(exc)) from None
-
-
-def startup_version_count(settings: Settings) -> int:
-    """How many model versions start-up serves: each model's version policy (Triton's) applied to its
-    version folders, so versions kept on disk that no policy selects take no share of the cores.
-
-    Raises:
-        RepositoryError: the repository's layout is invalid.
-        ConfigError: a model's config.json is invalid.
-    """
-    versions: dict[str, list[int]] = {}
-    for name, version, _ in discover(settings.model_repository):
-        versions.setdefault(name, []).append(version)
-    root = settings.model_repository
-    return sum(len(read_config(root / name).version_policy.select(found)) for name, found in versions.items())
 
 
 def thread_plan(settings: Settings) -> ThreadPlan:
@@ -85,7 +91,7 @@ def thread_plan(settings: Settings) -> ThreadPlan:
     return plan_threads(
         usable_cpus(),
         workers=settings.workers,
-        models=startup_version_count(settings),
+        models=len(startup_versions(settings)),  # versions on disk that no policy selects take no share
         device_type="cuda" if requested_providers(settings.device)[0] == CUDA else "cpu",
         instances=settings.instances,
         intra_op_threads=settings.intra_op_threads,

@@ -74,16 +74,29 @@ def test_version_policies_select_as_triton_does() -> None:
 def test_the_thread_plan_shares_the_cores_among_the_versions_the_policies_serve(repository: Path) -> None:
     # Found by a reviewer: every version folder took a share, so keeping old versions on disk (as
     # Triton's users do) left cores idle and turned the wide session and spinning off.
-    from service.http.app import startup_version_count, thread_plan
+    from service.http.app import startup_versions, thread_plan
 
     for version in (2, 3):
         publish(repository, "vit-digits", version, kind="copy")
     settings = make_settings(model_repository=repository, instances=None)
-    assert startup_version_count(settings) == 1  # the default policy: the latest version only
+    assert [v for _, v, _ in startup_versions(settings)] == [3]  # the default policy: the latest version only
     assert "shared by" not in thread_plan(settings).reason  # one version: every core is its own
     (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"all": {}}}')
-    assert startup_version_count(settings) == 3
+    assert [v for _, v, _ in startup_versions(settings)] == [1, 2, 3]
     assert "shared by 3 model versions" in thread_plan(settings).reason
+
+
+def test_a_broken_version_no_policy_selects_does_not_stop_the_start(repository: Path) -> None:
+    # Triton loads only what the policy selects; an old version with a bad manifest stopped the start.
+    from service.core.errors import RepositoryError
+    from service.http.app import validate_repository
+
+    publish(repository, "vit-digits", 2, kind="bad-manifest")
+    publish(repository, "vit-digits", 3, kind="copy")
+    validate_repository(make_settings(model_repository=repository))  # serves 3 only: starts
+    (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"specific": {"versions": [2]}}}')
+    with pytest.raises(RepositoryError, match=r"vit-digits/2/model\.json"):
+        validate_repository(make_settings(model_repository=repository))
 
 
 async def test_load_api_swaps_in_a_new_version_and_retires_the_old(repository: Path) -> None:
