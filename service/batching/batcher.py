@@ -231,9 +231,7 @@ class Batcher:
     # The loop: collect -> drop expired/cancelled -> stack -> run -> check/split -> answer.
 
     async def _loop(self) -> None:
-        stopped_by: ProblemError = Unavailable(
-            f"model {self.name}: stopped (the server is shutting down, or this version was unloaded)"
-        )
+        stopped_by: ProblemError = Unavailable(f"model {self.name}: stopped (server shutdown or version unloaded)")
         try:
             while True:
                 await self._until_a_runner_is_idle()

@@ -117,8 +117,7 @@ class InferRequest:
     Attributes:
         id: the client's request id, echoed in the response (None when absent).
         inputs: each input tensor by name, shaped as the request said, in the request's dtype.
-        outputs: the outputs asked for, in order; None (``outputs`` absent or empty) means every output
-            of the model.
+        outputs: the outputs asked for, in order; None (absent or ``[]``, as Triton): every output of the model.
         binary_output: the request-level ``binary_data_output`` parameter (default False).
         parameters: the request-level parameters as sent.
         timeout: the request-level ``timeout`` parameter (Triton's, sent in microseconds) in
@@ -333,8 +332,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
         outputs = [_read_output(entry, i, binary_output) for i, entry in enumerate(document["outputs"])]
         names = [o.name for o in outputs]
         _require(len(set(names)) == len(names), "an output is requested twice")
-        outputs = outputs or None  # [] asks for nothing in particular: every output, as Triton answers it
-    return InferRequest(request_id, inputs, outputs, binary_output, parameters, timeout_us / 1e6 or None)
+    return InferRequest(request_id, inputs, outputs or None, binary_output, parameters, timeout_us / 1e6 or None)
 
 
 def _bytes_element(value: Any) -> bytes:
