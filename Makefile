@@ -5,7 +5,7 @@
 #   make lint         ruff check ., ruff format --check . (Python files only) and mypy ([tool.mypy] in pyproject.toml)
 #   make typecheck    mypy alone: service/ at --strict's flags, export/ and models/ fully annotated ([tool.mypy] in pyproject.toml)
 #   make tools        Debian's prometheus (promtool) and chromium (chromedriver) for the operation tests (installed as root, else named)
-#   make models       retrain and re-export every committed model, in this order (the six targets below)
+#   make models       retrain and re-export every committed model, in this order (the seven targets below)
 #   make model-vit-digits   train the digits ViT (runs/vit-digits), export model_repository/vit-digits/1
 #   make model-detr-digits  train DETR on the synthetic canvases (runs/detr-digits), export model_repository/detr-digits/1
 #   make model-vit-cifar10  train the CIFAR-10 photo ViT (runs/vit-cifar10; ~90 min on 2 free cores), export model_repository/vit-cifar10/1
@@ -116,7 +116,7 @@ model-vit-cifar10: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-cifar10/checkpoint.pt --to model_repository/vit-cifar10/1
 
 # Its reference CNN, which also teaches the distilled ViT: the committed teacher,
-# models/weights/cnn-cifar10.pt (models/weights/README.md), is this command's checkpoint.pt (~100 min).
+# models/weights/cnn-cifar10.pt (models/weights/README.md), is this command's checkpoint.pt (101 min on one quiet thread; 221 min beside other runs).
 model-cnn-cifar10: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.train_cifar --arch cnn --out runs/cnn-cifar10 --threads 1
 	mkdir -p docs/cnn-cifar10 && cp runs/cnn-cifar10/metrics.json runs/cnn-cifar10/training_curves.png docs/cnn-cifar10/
