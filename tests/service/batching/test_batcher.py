@@ -233,6 +233,7 @@ async def test_stop_answers_the_running_batch_and_the_queue_with_503() -> None:
         await settle()
         assert plug.done() and queued.done() and not batcher.running
     await result(stopping)
-    assert isinstance(plug.exception(), Unavailable) and "shutting down" in plug.exception().detail
+    assert isinstance(plug.exception(), Unavailable)
+    assert "stopped (server shutdown or version unloaded)" in plug.exception().detail
     assert isinstance(queued.exception(), Unavailable)
     assert model.batches == [[99]]
