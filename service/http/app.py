@@ -45,7 +45,7 @@ from service.runtime.repository import ModelRepository, ModelVersion, discover
 from service.runtime.repository_watch import poll_forever
 from service.runtime.sessions import CUDA, CudaOptions, requested_providers
 from service.runtime.tuning import TuneCache, Tuner, default_cache_dir
-from service.runtime.version_policy import ConfigError, read_config
+from service.runtime.version_policy import ConfigError, apply_policies, read_config
 from service.runtime.worker_readiness import WorkerReadiness
 
 log = logging.getLogger(__name__)
@@ -61,14 +61,10 @@ def startup_versions(settings: Settings) -> list[tuple[str, int, Path]]:
     folders: dict[str, dict[int, Path]] = {}
     for name, version, folder in discover(settings.model_repository):
         folders.setdefault(name, {})[version] = folder
-    chosen = []
-    for name, versions in folders.items():
-        try:
-            policy = read_config(settings.model_repository / name).version_policy
-        except ConfigError as exc:
-            raise RepositoryError(str(exc)) from None
-        chosen += [(name, version, versions[version]) for version in sorted(policy.select(versions))]
-    return chosen
+    try:
+        return apply_policies(folders, lambda name: read_config(settings.model_repository / name).version_policy)
+    except ConfigError as exc:
+        raise RepositoryError(str(exc)) from None
 
 
 def validate_repository(settings: Settings) -> None:

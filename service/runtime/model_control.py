@@ -44,7 +44,7 @@ from service.runtime.control_signal import ControlSignal
 from service.runtime.loading import Loader
 from service.runtime.repository import NAME_PATTERN, ModelRepository, ModelVersion
 from service.runtime.repository_folder import Fingerprint, Found, fingerprint, scan
-from service.runtime.version_policy import ConfigError, VersionPolicy, read_config
+from service.runtime.version_policy import ConfigError, VersionPolicy, apply_policies, read_config
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +118,14 @@ class ModelControl:
         Raises:
             ConfigError: a model's config.json is invalid.
         """
-        chosen = []
-        for name, versions in self.scan().items():
-            complete = {v: f for v, f in versions.items() if f.fingerprint is not None}
-            for version in sorted(self.policy(name).select(complete)):
-                chosen.append((name, version, complete[version].folder))
-                self._seen[(name, version)] = complete[version].fingerprint
-        return chosen
+        complete = {
+            name: {v: f for v, f in versions.items() if f.fingerprint is not None}
+            for name, versions in self.scan().items()
+        }
+        chosen = apply_policies(complete, self.policy)
+        for name, version, found in chosen:
+            self._seen[(name, version)] = found.fingerprint
+        return [(name, version, found.folder) for name, version, found in chosen]
 
     def adopt(self, model: ModelVersion) -> None:
         """A version loaded at start-up (its batcher started): route it and count its load."""

@@ -21,13 +21,14 @@ or an unload, as in Triton.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 CONFIG_FILE = "config.json"
+Folder = TypeVar("Folder")
 
 
 class _Strict(BaseModel):
@@ -126,3 +127,18 @@ def read_config(model_dir: Path) -> ModelConfig:
     except OSError as exc:
         raise ConfigError(f"{path}: cannot be read: {exc}") from None
     return parse_config(text, str(path))
+
+
+def apply_policies(
+    versions: Mapping[str, Mapping[int, Folder]], policy: Callable[[str], VersionPolicy]
+) -> list[tuple[str, int, Folder]]:
+    """(name, version, folder) of every version that its model's ``policy(name)`` selects of
+    ``versions`` (name -> version -> folder), in name order as given, versions ascending.
+
+    Raises:
+        Whatever ``policy`` raises (e.g. :class:`ConfigError`).
+    """
+    chosen = []
+    for name, folders in versions.items():
+        chosen += [(name, version, folders[version]) for version in sorted(policy(name).select(folders))]
+    return chosen

@@ -179,6 +179,37 @@ async def test_a_retiring_version_waits_for_its_own_request_timeout(repository: 
         assert control(client).drain_timeout(v1) == 10.0 + 2.0
 
 
+async def test_the_drain_waits_drain_timeout_then_releases_a_version_still_held(
+    repository: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reviewer's follow-up: the test above checked the figure, not that the drain waits it.
+    # asyncio.wait_for, as model_control sees it, records its timeout and reports it expired at once.
+    from service.runtime import model_control
+
+    waited: list[float | None] = []
+
+    async def expired(awaitable, timeout):
+        waited.append(timeout)
+        awaitable.close()  # the until_unused() coroutine, never awaited
+        raise TimeoutError
+
+    class Asyncio:
+        def __getattr__(self, name: str):
+            return expired if name == "wait_for" else getattr(asyncio, name)
+
+    path = repository / "vit-digits" / "1" / "model.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "batching": {"request_timeout": 10.0}}))
+    settings = make_settings(model_repository=repository, request_timeout=1.0, body_timeout=2.0, model_control_api=True)
+    async with running_app(settings) as client:
+        server = client.app.state.server
+        with server.repository.use("vit-digits", "1") as v1:  # a request holding it: the drain must wait
+            monkeypatch.setattr(model_control, "asyncio", Asyncio())
+            assert (await client.post(UNLOAD)).status_code == 200
+            await control(client).until_retired()
+            monkeypatch.undo()
+            assert waited == [12.0] and v1.released and v1.users == 1
+
+
 async def test_a_corrupt_version_is_refused_and_the_serving_one_keeps_serving(repository: Path) -> None:
     def loads(text: str, version: str, outcome: str) -> float:
         return sample(text, "patchserve_model_loads_total", model="vit-digits", version=version, outcome=outcome)
