@@ -209,6 +209,8 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
                 "test_duplicate_pairs": quality["duplicate_pairs"],
                 "test_precision": quality["precision"],
                 "test_recall": quality["recall"],
+                "test_missed": quality["missed"],
+                "test_missed_scored_below_threshold": quality["missed_scored_below_threshold"],
                 "set_quality_threshold": detection.DEFAULT_THRESHOLD,
                 "test_images": float(len(test)),
                 "test_objects": float(sum(len(canvas.labels) for canvas in test)),
@@ -218,7 +220,8 @@ def export_detr(checkpoint: dict[str, Any], out: Path, *, opset: int) -> Manifes
             export=export_info(opset, diffs),
             notes=frame + " COCO AP (pycocotools) with every query kept (threshold 0), boxes in canvas pixels; "
             f"duplicates (same label, IoU > 0.5: models.detection_eval.set_quality), precision and recall at the "
-            f"detect route's default threshold {detection.DEFAULT_THRESHOLD}, through ONNX Runtime.",
+            f"detect route's default threshold {detection.DEFAULT_THRESHOLD}, through ONNX Runtime."
+            + (f" Trained on {trained['device']}." if "device" in trained else ""),
         ),
     )
     write_manifest(manifest, out / "model.json")

@@ -82,7 +82,8 @@ def sigmoid_detect(
 
 def score_rule(name: str) -> Callable[..., list[dict[str, Any]]]:
     """The post-processing of one image's outputs by name: ``"softmax"`` (DETR's, the server's
-    :func:`service.tasks.detection.detect`) or ``"sigmoid"`` (:func:`sigmoid_detect`).
+    :func:`service.tasks.detection.detect`) or ``"sigmoid"`` (:func:`sigmoid_detect`; the
+    manifest's ``"sigmoid_top_k"`` is the same, with ``top_k`` = ``max_detections``).
 
     Raises:
         ValueError: an unknown name.
@@ -91,9 +92,15 @@ def score_rule(name: str) -> Callable[..., list[dict[str, Any]]]:
         from service.tasks.detection import detect
 
         return detect
-    if name == "sigmoid":
+    if name in ("sigmoid", "sigmoid_top_k"):
         return sigmoid_detect
-    raise ValueError(f"unknown post-processing {name!r}; known: softmax, sigmoid")
+    raise ValueError(f"unknown post-processing {name!r}; known: softmax, sigmoid, sigmoid_top_k")
+
+
+def served_rule(manifest: Any) -> str:
+    """The :func:`score_rule` name a served detector's manifest asks for: its ``task_options.scores``
+    (``"softmax"`` without task_options, as the server reads it)."""
+    return str((manifest.task_options or {}).get("scores", "softmax"))
 
 
 def detect_images(
@@ -243,7 +250,10 @@ def set_quality(
     Returns:
         ``duplicate_canvas_fraction`` (images with at least one duplicate pair / images),
         ``duplicate_pairs``, ``detections``, ``objects``, ``false_positives``, ``missed``,
-        ``precision`` (TP / kept; 1 when nothing is kept) and ``recall`` (TP / objects).
+        ``precision`` (TP / kept; 1 when nothing is kept), ``recall`` (TP / objects) and
+        ``missed_scored_below_threshold`` (missed objects that a detection of their label scoring
+        under ``threshold`` overlaps by at least ``iou``: found, but not confidently; needs
+        ``detections`` at a lower threshold than ``threshold``, e.g. 0).
     """
     images = ground_truth["images"]
     if len(detections) != len(images):
@@ -251,7 +261,7 @@ def set_quality(
     objects_of: dict[int, list[dict[str, Any]]] = {image["id"]: [] for image in images}
     for annotation in ground_truth["annotations"]:
         objects_of[annotation["image_id"]].append(annotation)
-    dup_images = dup_pairs = kept_total = tp_total = objects_total = 0
+    dup_images = dup_pairs = kept_total = tp_total = objects_total = below_total = 0
     for image, dets in zip(images, detections, strict=True):
         kept = sorted((d for d in dets if d["score"] >= threshold), key=lambda d: -d["score"])
         objects = objects_of[image["id"]]
@@ -271,6 +281,14 @@ def set_quality(
         kept_total += len(kept)
         tp_total += int(matched.sum())
         objects_total += len(objects)
+        if not matched.all():  # a missed object that a detection under the threshold finds in place
+            below = [d for d in dets if d["score"] < threshold]
+            low_boxes = np.array([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in below], float)
+            low_labels = np.array([int(d["class_id"]) for d in below])
+            in_place = (pairwise_iou(low_boxes.reshape(-1, 4), gt_boxes) >= iou) & (
+                low_labels[:, None] == gt_labels[None, :]
+            )
+            below_total += int((in_place.any(axis=0) & ~matched).sum())
     return {
         "duplicate_canvas_fraction": dup_images / max(len(images), 1),
         "duplicate_pairs": float(dup_pairs),
@@ -278,6 +296,7 @@ def set_quality(
         "objects": float(objects_total),
         "false_positives": float(kept_total - tp_total),
         "missed": float(objects_total - tp_total),
+        "missed_scored_below_threshold": float(below_total),
         "precision": tp_total / kept_total if kept_total else 1.0,
         "recall": tp_total / objects_total if objects_total else 1.0,
     }
@@ -333,7 +352,8 @@ def main(argv: list[str] | None = None) -> None:
     print(
         f"at threshold {args.threshold}: duplicate pairs on {quality['duplicate_canvas_fraction']:.2%} of canvases "
         f"({quality['duplicate_pairs']:.0f} pairs); {quality['detections']:.0f} detections, precision "
-        f"{quality['precision']:.4f}, recall {quality['recall']:.4f} ({quality['missed']:.0f} objects missed)"
+        f"{quality['precision']:.4f}, recall {quality['recall']:.4f} ({quality['missed']:.0f} objects missed, "
+        f"{quality['missed_scored_below_threshold']:.0f} of them found in place under the threshold)"
     )
 
 

@@ -43,6 +43,7 @@ def test_a_double_a_miss_and_a_wrong_label_are_counted() -> None:
     assert quality["detections"] == 3 and quality["objects"] == 3
     assert quality["false_positives"] == 2 and quality["missed"] == 2
     assert quality["precision"] == pytest.approx(1 / 3) and quality["recall"] == pytest.approx(1 / 3)
+    assert quality["missed_scored_below_threshold"] == 1  # the 5 (0.4) is in place; the 1 has no box of its label
     # at threshold 0.3 the 5 is found
     assert set_quality(truth, detections, threshold=0.3)["recall"] == pytest.approx(2 / 3)
 
@@ -88,6 +89,6 @@ def test_sigmoid_post_processing_by_hand() -> None:
         logits, boxes, ["a", "b"], threshold=0.0, max_detections=1, box_scale=(1.0, 1.0), image_size=(1, 1)
     )
     assert [d["class_id"] for d in top1] == [0]
-    assert score_rule("sigmoid") is sigmoid_detect
+    assert score_rule("sigmoid") is sigmoid_detect and score_rule("sigmoid_top_k") is sigmoid_detect
     with pytest.raises(ValueError, match="softmax, sigmoid"):
         score_rule("argmax")
