@@ -80,6 +80,7 @@ def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
     assert set(manifest.provenance.export.parity_max_abs_diff) == {"1", "7"}
     assert manifest.provenance.metrics["test_images"] == 8
     assert "models.train_detr" in manifest.provenance.recipe
+    assert "Trained on " in manifest.provenance.notes  # the machine (issue 21)
     # Issue 21: what users see at the detect route's default threshold, recorded through ONNX Runtime.
     from export.detr import onnx_runner
     from models.detection_data import load_split, to_coco
@@ -98,23 +99,40 @@ def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
 
 
 def test_committed_detr_manifest_records_parity_and_the_ap_it_measures() -> None:
+    """The served detr-digits (version 2, issues 18 and 21): a masked, bucketed graph whose manifest's
+    AP, duplicates, precision and recall this test recomputes through ONNX Runtime."""
     from export.detr import onnx_runner
     from models.detection_data import load_split, to_coco
-    from models.detection_eval import coco_ap, detect_images
+    from models.detection_eval import coco_ap, detect_images, served_rule, set_quality
 
     manifest = load_manifest(COMMITTED / "model.json")
     metrics = manifest.provenance.metrics
-    assert manifest.task == "detection" and manifest.preprocessing.resize == "letterbox"
+    assert manifest.task == "detection" and manifest.preprocessing.resize == "shortest_edge"
+    assert manifest.pixel_mask == "pixel_mask" and len(manifest.preprocessing.buckets or []) >= 2  # issue 18
     assert set(manifest.provenance.export.parity_max_abs_diff) == {"1", "7"}
     assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
+    assert "detr_experiments" in manifest.provenance.recipe and "Trained on " in manifest.provenance.notes
     test = load_split("test", None, int(metrics["test_images"]))
     detections = detect_images(
-        onnx_runner(COMMITTED / "model.onnx"), [c.image for c in test], manifest.preprocessing, manifest.labels
+        onnx_runner(COMMITTED / "model.onnx"),
+        [c.image for c in test],
+        manifest.preprocessing,
+        manifest.labels,
+        postprocess=served_rule(manifest),
     )
     measured = coco_ap(to_coco(test), detections)
     assert measured["AP"] == pytest.approx(metrics["test_AP"], abs=1e-9)
     assert measured["AP50"] == pytest.approx(metrics["test_AP50"], abs=1e-9)
-    assert measured["AP50"] >= 0.97 and measured["AP"] >= 0.80  # the issue's acceptance on the digits set
+    quality = set_quality(to_coco(test), detections, threshold=metrics["set_quality_threshold"])
+    for key in ("duplicate_canvas_fraction", "duplicate_pairs", "precision", "recall", "missed"):
+        assert quality[key] == pytest.approx(metrics[f"test_{key}"], abs=1e-12), key
+    assert quality["missed_scored_below_threshold"] == metrics["test_missed_scored_below_threshold"]
+    # Issue 21's bars: AP >= 0.85, AP50 >= 0.98, duplicates on < 2 % of canvases, precision >= 0.97 hold.
+    assert measured["AP"] >= 0.85 and measured["AP50"] >= 0.98
+    assert quality["duplicate_canvas_fraction"] < 0.02 and quality["precision"] >= 0.97
+    # Its recall bar (0.98) is MISSED: 0.971 (43 of 1,491 objects, each found in place with the right label
+    # but scored under 0.5: docs/detr-recipe.md). Held here so that it cannot silently fall further.
+    assert quality["recall"] >= 0.97
     trained = json.loads((COMMITTED / "metrics.json").read_text())
     assert trained["test_AP"] == pytest.approx(metrics["test_AP_pytorch"])
     assert abs(trained["test_AP"] - metrics["test_AP"]) < 0.005  # PyTorch and ONNX Runtime agree

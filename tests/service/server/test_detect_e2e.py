@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from models.detection_data import example_canvas, load_split, to_coco
-from models.detection_eval import coco_ap, detect_images, set_quality
+from models.detection_eval import coco_ap, detect_images, served_rule, set_quality
 from service.runtime.manifest import load_manifest
 from service.tasks.detection import DEFAULT_THRESHOLD
 from tests.conftest import ROOT, num_queries, png_bytes, served_version, server_process
@@ -48,13 +48,15 @@ def iou(a: np.ndarray, b: np.ndarray) -> float:
 def test_ap_over_http_equals_the_offline_ap() -> None:
     metrics = load_manifest(MODEL / "model.json").provenance.metrics
     canvases = load_split("test", None, int(metrics["test_images"]))
-    queries = num_queries("detr-digits")
+    manifest = load_manifest(MODEL / "model.json")
+    # softmax: one detection per query; sigmoid_top_k: the top_k best (query, class) pairs. COCO AP wants them all.
+    kept = (manifest.task_options or {}).get("top_k") or num_queries("detr-digits")
     with server_process() as (url, _):
         responses = asyncio.run(post_all(url, [png_bytes(c.image) for c in canvases], "?threshold=0", concurrency=16))
     for canvas, response in zip(canvases, responses, strict=True):
         height, width = canvas.image.shape
         assert response["image"] == {"width": width, "height": height}
-        assert len(response["detections"]) == queries  # every query: COCO AP wants them all
+        assert len(response["detections"]) == kept
     http = coco_ap(to_coco(canvases), [r["detections"] for r in responses])
     assert abs(http["AP"] - metrics["test_AP"]) <= 0.005
     assert abs(http["AP50"] - metrics["test_AP50"]) <= 0.005
@@ -62,9 +64,12 @@ def test_ap_over_http_equals_the_offline_ap() -> None:
     # (ONNX Runtime with the server's pre- and post-processing, batched 50 at a time).
     from export.detr import onnx_runner
 
-    manifest = load_manifest(MODEL / "model.json")
     offline = detect_images(
-        onnx_runner(MODEL / "model.onnx"), [c.image for c in canvases], manifest.preprocessing, manifest.labels
+        onnx_runner(MODEL / "model.onnx"),
+        [c.image for c in canvases],
+        manifest.preprocessing,
+        manifest.labels,
+        postprocess=served_rule(manifest),
     )
     quality = set_quality(to_coco(canvases), [r["detections"] for r in responses], threshold=DEFAULT_THRESHOLD)
     expected = set_quality(to_coco(canvases), offline, threshold=DEFAULT_THRESHOLD)
@@ -108,7 +113,8 @@ def test_upscaled_and_exif_rotated_copies_give_the_same_boxes() -> None:
         )
     assert double["image"] == {"width": 2 * width, "height": 2 * height}
     assert rotated["image"] == {"width": width, "height": height}  # as displayed, after EXIF
-    assert {d["label"] for d in plain["detections"]} == {"0", "2", "3", "4", "5"}
+    # Every digit but the '2' cut by the bottom edge, which version 2 scores under 0.5 (docs/models.md, Detection).
+    assert {d["label"] for d in plain["detections"]} == {"0", "3", "4", "5"}
     # The same detections, each where the transformation puts it (matched by label and nearest
     # box: two queries of one digit may swap places in the score order).
     assert_same_detections(double["detections"], plain["detections"], scale=2.0)
@@ -128,7 +134,9 @@ def _batch_sizes(url: str) -> tuple[float, float]:
     text = httpx.get(url + "/metrics").text
     values = {}
     for suffix in ("sum", "count"):
-        pattern = rf'^patchserve_batch_size_{suffix}\{{[^}}]*model="detr-digits"[^}}]*\}} ([0-9.e+]+)$'
+        # The served version's series: version 1 is served too (config.json) and has its own.
+        labels = rf'(?=[^}}]*model="detr-digits")(?=[^}}]*version="{MODEL.name}")[^}}]*'
+        pattern = rf"^patchserve_batch_size_{suffix}\{{{labels}\}} ([0-9.e+]+)$"
         values[suffix] = float(re.search(pattern, text, re.MULTILINE).group(1))
     return values["sum"], values["count"]
 
@@ -165,9 +173,11 @@ def test_the_readme_example_and_its_picture() -> None:
             url + DETECT + "?threshold=0.7&render=png", files={"image": (ROOT / "examples" / "canvas.png").read_bytes()}
         )
     detections = response.json()["detections"]
-    assert {d["label"] for d in detections} == {str(label) for label in example.labels}
+    # Each digit once (no duplicates: issue 21), in place by AP50's criterion; all but the '2' cut by the
+    # bottom edge, which version 2 scores under 0.5 (docs/models.md, Detection; the README says so).
+    assert sorted(d["label"] for d in detections) == sorted(str(label) for label in example.labels if label != 2)
     for box, label in zip(example.boxes, example.labels, strict=True):
         found = [iou(box_array([d])[0], box) for d in detections if d["label"] == str(label)]
-        assert max(found) > 0.5  # found, by AP50's criterion (the committed model's boxes are not all tight)
+        assert label == 2 or max(found) > 0.5
     committed = np.asarray(Image.open(ROOT / "examples" / "canvas.detr-digits.png").convert("RGB"))
     assert np.array_equal(np.asarray(Image.open(io.BytesIO(picture.content)).convert("RGB")), committed)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field
 from service import tasks
 from service.tasks import BaseTask
 from service.tasks.base import result_schema
-from tests.conftest import ROOT, running_app, served_version
+from tests.conftest import MODEL_REPOSITORY, ROOT, running_app, served_version
 from tests.service.helpers import assert_problem, sample
 
 pytestmark = pytest.mark.anyio
@@ -94,7 +94,9 @@ def test_a_manifest_names_its_output_roles_and_the_list_form_still_loads() -> No
     assert tasks.role_outputs(detr) == {"logits": "pred_logits", "boxes": "pred_boxes"}
     named = detr.model_copy(update={"roles": {"boxes": "pred_boxes", "logits": "pred_logits"}})
     assert tasks.role_outputs(named) == {"boxes": "pred_boxes", "logits": "pred_logits"}
-    assert tasks.options(detr).scores == "softmax"
+    assert tasks.options(detr).scores == "sigmoid_top_k"  # version 2: focal loss (issue 21)
+    first = load_manifest(MODEL_REPOSITORY / "detr-digits" / "1" / "model.json")
+    assert tasks.options(first).scores == "softmax"  # version 1: no task_options, DETR's softmax
 
 
 async def test_a_failed_v2_inference_is_counted_as_an_error(monkeypatch) -> None:

@@ -11,7 +11,7 @@ from service.runtime.manifest import ManifestError, load_manifest
 from service.tasks import detection
 from service.tasks.detection import DetectOptions, detect
 from service.tasks.detection_scores import RULES, SigmoidTopK, SoftmaxNoObject
-from tests.conftest import served_version
+from tests.conftest import MODEL_REPOSITORY
 
 
 def logit(p: float) -> float:
@@ -82,9 +82,10 @@ def test_options_default_to_detrs_rule_and_refuse_what_they_do_not_know() -> Non
 
 
 def test_committed_detr_manifest_still_loads_with_softmax(tmp_path) -> None:
-    manifest = load_manifest(served_version("detr-digits") / "model.json")
+    first = MODEL_REPOSITORY / "detr-digits" / "1" / "model.json"  # version 1: written before task_options
+    manifest = load_manifest(first)
     assert manifest.task_options is None and detection.TASK.name == manifest.task
-    data = json.loads((served_version("detr-digits") / "model.json").read_text())
+    data = json.loads(first.read_text())
     data["task_options"] = {"scores": "sigmoid_top_k", "top_k": 0}
     (tmp_path / "model.json").write_text(json.dumps(data))
     with pytest.raises(ManifestError, match="task_options"):
