@@ -118,3 +118,69 @@ async def test_each_photo_gets_the_same_detections_alone_and_in_batches_with_pho
     assert grew == 5  # the plug and four bucket batches
     padded = sample(after, "patchserve_padding_fraction_count", **labels)
     assert padded - sample(start, "patchserve_padding_fraction_count", **labels) == len(files) + 2 * len(files) + 1
+
+
+async def test_at_the_hubs_800_by_1333_each_photo_gets_the_same_detections_alone_and_in_batches(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The test above at DETR's real sizes (issue 18's acceptance: shortest_edge 800, longest 1333):
+    the tiny preset's weights with the hub's processor, so its five buckets are 800x800 to 1333x800."""
+    import json
+
+    from export.hf import export_hf
+    from export.hf_presets import build
+
+    checkpoint = build("tiny-detr", tmp_path / "checkpoint")
+    processor = json.loads((checkpoint / "preprocessor_config.json").read_text())
+    processor["size"] = {"shortest_edge": 800, "longest_edge": 1333}
+    (checkpoint / "preprocessor_config.json").write_text(json.dumps(processor))
+    repository = tmp_path / "repository"
+    export_hf(checkpoint, repository / "tiny-detr" / "1", opset=18)
+    spec = load_manifest(repository / "tiny-detr" / "1" / "model.json").preprocessing
+    assert (spec.shortest_edge, spec.longest_edge) == (800, 1333)
+    assert sorted((b.height, b.width) for b in spec.buckets or []) == [
+        (800, 800),
+        (800, 1066),
+        (800, 1333),
+        (1066, 800),
+        (1333, 800),
+    ]
+    runs: list[tuple[int, ...]] = []
+    gate = threading.Event()
+    gate.set()
+    original = OrtRunner.run
+
+    def run(runner: OrtRunner, batch: np.ndarray, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        runs.append(batch.shape)
+        gate.wait(HANG_GUARD)
+        return original(runner, batch, mask)
+
+    monkeypatch.setattr(OrtRunner, "run", run)
+    files = photos()
+    async with running_app(model_repository=repository, max_batch_size=4, max_queue_delay=0.5) as client:
+
+        async def detect(png: bytes) -> httpx.Response:
+            return await client.post(
+                DETECT, content=png, headers={"content-type": "image/png"}, params={"threshold": 0}
+            )
+
+        runs.clear()
+        alone = [await detect(png) for png in files]
+        assert all(r.status_code == 200 for r in alone) and all(shape[0] == 1 for shape in runs)
+        # 3:2 landscape (chelsea, coffee), square, 3:2 portrait, 4:3 (the crop): four buckets
+        assert {shape[2:] for shape in runs} == {(800, 1333), (800, 800), (1333, 800), (800, 1066)}
+        runs.clear()
+        gate.clear()  # a plug holds the runner: the photos posted next queue behind it, then leave by bucket
+        plug = asyncio.ensure_future(detect(files[2]))
+        await until(lambda: len(runs) == 1)
+        posted = [asyncio.ensure_future(detect(png)) for png in files]
+        batcher = client.app.state.server.repository.get("tiny-detr").batcher
+        await until(lambda: batcher.queued == len(posted))
+        gate.set()
+        together = await asyncio.wait_for(asyncio.gather(*posted), HANG_GUARD)
+        assert (await plug).status_code == 200
+
+    assert max(shape[0] for shape in runs[1:]) > 1  # photos of one bucket shared a batch
+    for response, single in zip(together, alone, strict=True):
+        assert response.status_code == 200
+        same_detections(response.json()["detections"], single.json()["detections"])
