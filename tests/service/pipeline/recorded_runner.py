@@ -27,12 +27,12 @@ class RecordedRunner:
         self.fail_with: BaseException | None = None
         original = OrtRunner.run
 
-        def run(runner: OrtRunner, batch: np.ndarray) -> dict[str, np.ndarray]:
+        def run(runner: OrtRunner, batch: np.ndarray, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
             self.calls.append(batch.shape[0])
             self.gate.wait(HANG_GUARD)
             if self.fail_with is not None:
                 raise self.fail_with
-            return original(runner, batch)
+            return original(runner, batch, mask)  # mask: a detector with padding buckets (detr-digits 2)
 
         monkeypatch.setattr(OrtRunner, "run", run)
 
