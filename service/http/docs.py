@@ -45,6 +45,9 @@ def install_docs(app: FastAPI, *, docs_url: str = "/docs", redoc_url: str = "/re
     @app.get(docs_url, include_in_schema=False)
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
+        app = (
+            request.app
+        )  # not the enclosing app: FastAPI caches endpoints process-wide, and a closure kept every app alive
         return get_swagger_ui_html(
             openapi_url=f"{root}{openapi_url}",
             title=f"{app.title} - Swagger UI",
@@ -64,7 +67,7 @@ def install_docs(app: FastAPI, *, docs_url: str = "/docs", redoc_url: str = "/re
         root = request.scope.get("root_path", "")
         return get_redoc_html(
             openapi_url=f"{root}{openapi_url}",
-            title=f"{app.title} - ReDoc",
+            title=f"{request.app.title} - ReDoc",
             redoc_js_url=f"{root}{STATIC_URL}/{_REDOC}",
             redoc_favicon_url=f"{root}{STATIC_URL}/favicon.png",
             with_google_fonts=False,
