@@ -107,7 +107,7 @@ model-vit-digits: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m export checkpoint runs/vit-digits/checkpoint.pt --to model_repository/vit-digits/1 --no-attention
 
 # detr-digits version 2 (issues 18 and 21): the recipe chosen in docs/detr-digits-experiments/, trained
-# with the pixel mask on bucketed canvases (19,000 steps, ~6.5 h on two quiet threads; resumable: rerun
+# with the pixel mask on bucketed canvases (19,000 steps, about 6 h on two quiet threads at 1.15 s a step; resumable: rerun
 # the same command after a stop). Version 1 (models.train_detr's defaults) stays for the comparison.
 DETR_RECIPE := served-frame-focal-100q-dn5-6dec-long
 model-detr-digits: $(DEV_VENV)/.installed

@@ -45,9 +45,9 @@ def install_docs(app: FastAPI, *, docs_url: str = "/docs", redoc_url: str = "/re
     @app.get(docs_url, include_in_schema=False)
     async def swagger_ui(request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")
-        app = (
-            request.app
-        )  # not the enclosing app: FastAPI caches endpoints process-wide, and a closure kept every app alive
+        # request.app, not the enclosing app: FastAPI caches endpoints process-wide (an lru_cache in
+        # fastapi.dependencies.models), so a closure over the app kept every app built alive.
+        app = request.app
         return get_swagger_ui_html(
             openapi_url=f"{root}{openapi_url}",
             title=f"{app.title} - Swagger UI",
