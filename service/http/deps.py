@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request
 
 from service.core.errors import Unavailable
 from service.http.state import ServerState
@@ -35,3 +35,5 @@ async def get_repository(request: Request) -> ModelRepository:
 
 State = Annotated[ServerState, Depends(get_state)]
 Repository = Annotated[ModelRepository, Depends(get_repository)]
+# ?version= of every inference route (/v1, and /v2's infer beside its /versions/{v} path)
+Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^[0-9]{1,9}$")]

@@ -31,7 +31,8 @@ import numpy as np
 import orjson
 
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
-from service.v2.literals import holds_a_boolean, load_json, with_literals
+from service.v2.json_data import tensor_from_json
+from service.v2.literals import load_json, with_literals
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 
@@ -77,7 +78,6 @@ _SHARED_MEMORY = ("shared_memory_region", "shared_memory_byte_size", "shared_mem
 # numpy kinds that a JSON ``data`` array may infer to: numbers (ints and floats; a boolean mixed
 # in among numbers is promoted by numpy and not caught), or for BOOL booleans only. None, a string
 # or a ragged list infers to object or unicode and is refused, as Triton's parser refuses them.
-_JSON_KINDS = {False: frozenset("iuf"), True: frozenset("b")}
 
 
 def datatype_of(dtype: np.dtype) -> str:
@@ -244,26 +244,7 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int, literal
         array = np.frombuffer(binary[offset : offset + size], dtype=dtype).reshape(shape)
         return name, array, offset + size
     _require("data" in entry, f"input {name!r} has neither data nor parameters.binary_data_size")
-    try:
-        inferred = np.asarray(entry["data"])  # JSON's own types first: null and true are not numbers
-        numbers = datatype == "BOOL" or not (literals and holds_a_boolean(entry["data"]))  # [0, true]: [0, 1]
-        _require(
-            inferred.size == 0 or (inferred.dtype.kind in _JSON_KINDS[datatype == "BOOL"] and numbers),
-            f"input {name!r}: data is not a {datatype} tensor: its elements must all be "
-            + ("true or false" if datatype == "BOOL" else "numbers (JSON null, booleans and strings are not)"),
-        )
-        if dtype.kind in "iu" and inferred.size:  # out of range is an error, never a silent wrap-around
-            limits = np.iinfo(dtype)
-            _require(
-                limits.min <= inferred.min() and inferred.max() <= limits.max,
-                f"input {name!r}: data is not a {datatype} tensor: a value is outside [{limits.min}, {limits.max}]",
-            )
-        with np.errstate(over="ignore"):  # beyond a float's range: an infinity, as Triton's cast (1e39 in FP32)
-            array = inferred.astype(dtype)
-    except (ValueError, TypeError, OverflowError) as exc:
-        ragged = "inhomogeneous" in str(exc)  # numpy's words for nested lists of different lengths: say so
-        fault = "its nested lists are ragged; send the values flat in row-major order" if ragged else str(exc)
-        raise BadRequest(f"input {name!r}: data is not a {datatype} tensor: {fault}") from None
+    array = tensor_from_json(entry["data"], name, datatype, dtype, literals=literals)
     _require(
         array.size == count,
         f"input {name!r}: data has {array.size} elements but shape {shape} needs {count}",

@@ -23,7 +23,9 @@ import numpy as np
 
 from service import tasks
 from service.batching.config import InferenceResult
+from service.core import metrics
 from service.core.errors import BadRequest, ProblemError
+from service.imaging import resize as policies
 from service.runtime.repository import ModelVersion
 from service.tasks import classification
 from service.v2.protocol import ORT_DATATYPES, InferRequest, OutputTensor, RequestedOutput, datatype_of
@@ -133,6 +135,49 @@ def _valid_sizes(model: ModelVersion, request: InferRequest, x: np.ndarray) -> l
     return sizes
 
 
+def _checked_extent(model: ModelVersion, height: int, width: int, what: str) -> None:
+    """Refuse an input larger than the model's preprocessing ever makes (a model with symbolic H and W).
+
+    A detector's graph takes any H x W, but its cost grows with H x W (quadratically in the
+    transformer's attention): the bound is the resize policy's largest output (``bounds``), as
+    for ``/v1``, where an image is resized before it is run.
+
+    Raises:
+        BadRequest: ``height`` x ``width`` fits none of those sizes (400).
+    """
+    spec = model.preprocessor.spec
+    bounds = policies.get(spec.resize).bounds(spec)
+    if bounds is not None and not any(h >= height and w >= width for h, w in bounds):
+        largest = ", ".join(f"{h}x{w}" for h, w in bounds)
+        raise BadRequest(
+            f"{what} is {height}x{width} (HxW), larger than model {model.name!r} takes: at most {largest}; "
+            f"resize it as the model's preprocessing does (GET /v1/models/{model.name})"
+        )
+
+
+def _bucket(model: ModelVersion, height: int, width: int, row: int) -> tuple[int, int]:
+    """(H, W) of the padding bucket a row of ``height`` x ``width`` real pixels joins.
+
+    The model's first bucket that holds it, as ``/v1`` pads a resized image, so that a tensor
+    gets the answer its image gets on ``/v1`` (the backbone's convolutions see the padding
+    near the bottom and right edges, so an image's bucket, never its batch mates, is part of
+    its answer).
+
+    Raises:
+        BadRequest: no bucket holds it (400, naming the buckets).
+    """
+    try:
+        bucket = model.preprocessor.spec.bucket_for(height, width)
+    except ValueError:
+        buckets = ", ".join(f"{b.height}x{b.width}" for b in model.preprocessor.spec.buckets or [])
+        raise BadRequest(
+            f"row {row} has {height}x{width} (HxW) real pixels, which fit none of model {model.name!r}'s padding "
+            f"buckets ({buckets}); resize it as the model's preprocessing does (GET /v1/models/{model.name})"
+        ) from None
+    assert bucket is not None  # a caller asks only for a model with buckets
+    return bucket
+
+
 def _classify(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
     """The classification extension: each row's ``count`` highest values as "value:index[:label]".
 
@@ -184,6 +229,8 @@ async def infer_tensors(
         BadRequest: wrong input name, datatype or shape, unknown output, a classification
             asked of an output that is not (B, N) (400).
         BadRequest: B over the model's whole queue_size (400: it could never be admitted).
+        BadRequest: H x W larger than the model's preprocessing ever makes it, or, for a model
+            with padding buckets, a row whose real pixels fit none (400).
         Unavailable: the batcher's queue has no room for all B rows now (503, nothing is queued).
         Unavailable, DeadlineExceeded, InferenceFailed: from the batcher, for the first row
             that failed (the request fails whole, as the protocol has no partial results).
@@ -198,14 +245,27 @@ async def infer_tensors(
                 f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
             )
     sizes = _valid_sizes(model, request, x)
-    if sizes is None:
-        submits = [model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])]
-    else:  # each row's real pixels, padded again by the batcher: rows batch with /v1 images of their bucket
+    if model.preprocessor.spec.buckets is not None and sizes is not None:
+        # each row's real pixels, padded again by the batcher to the bucket /v1 would pad them to
+        buckets = [_bucket(model, h, w, i) for i, (h, w) in enumerate(sizes)]
+        padding = metrics.PADDING_FRACTION.labels(model.name, str(model.version))
+        for (h, w), (bucket_h, bucket_w) in zip(sizes, buckets, strict=True):
+            padding.observe(1.0 - h * w / (bucket_h * bucket_w))
+        submits = [
+            model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket)
+            for i, ((h, w), bucket) in enumerate(zip(sizes, buckets, strict=True))
+        ]
+    elif sizes is not None:  # a mask and no buckets: the rows padded to the tensor's own H x W
+        _checked_extent(model, x.shape[2], x.shape[3], f"input {model.manifest.input.name!r}")
         bucket = (x.shape[2], x.shape[3])
         submits = [
             model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket)
             for i, (h, w) in enumerate(sizes)
         ]
+    else:
+        if -1 in dims(model.manifest.input.shape)[2:]:
+            _checked_extent(model, x.shape[2], x.shape[3], f"input {model.manifest.input.name!r}")
+        submits = [model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])]
     rows = await asyncio.gather(*submits, return_exceptions=True)
     failures = [r for r in rows if isinstance(r, BaseException)]
     if failures:

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from service import tasks
 from service.core.errors import BadRequest, DeadlineExceeded
 from service.http.accounting import accounted
-from service.http.deps import Repository, State
+from service.http.deps import Repository, State, Version
 from service.http.lifetime import (
     body_by_deadline,
     deadline_passed_after_the_body,
@@ -30,8 +30,6 @@ from service.http.uploads import OPENAPI_IMAGE_BODY, read_images
 from service.pipeline.inference import ImageOutcome, infer_images, response_body
 from service.runtime.repository import ModelRepository, ModelVersion
 from service.tasks import Task
-
-Version = Annotated[str | None, Query(description="Model version; default: the highest", pattern=r"^[0-9]{1,9}$")]
 
 
 def require_task(model: ModelVersion, task: Task[Any]) -> None:

@@ -22,15 +22,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
-from service.http.deps import Repository, State, get_repository
+from service.http.deps import Repository, State, Version, get_repository
 from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
 from service.http.methods import catch_all, not_allowed
 from service.http.middleware.access_log import logged_path
 from service.http.problems import count_refused_inference, protocol_error_response, unexpected
 from service.http.responses import server_timing
+from service.http.state import ServerState
 from service.http.uploads import read_body
 from service.runtime.repository import ModelVersion
 from service.runtime.sessions import CUDA
+from service.runtime.version_policy import ConfigError
 from service.v2.openapi import (
     CONFIG_SCHEMA,
     INFER_BODY,
@@ -181,7 +183,25 @@ async def model_version_ready(name: str, version: str, state: State) -> dict[str
     return _ready(state, name, version)
 
 
-def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
+def _version_policy(model: ModelVersion, state: ServerState) -> dict[str, Any]:
+    """The model's version policy as Triton writes it (``config.json``'s or the load API's).
+
+    ``specific`` with this version alone when it cannot be read (no model control, or a
+    ``config.json`` made invalid after the start: the versions serving keep serving).
+    """
+    versions = [model.version]
+    try:
+        if state.control is not None:
+            policy = state.control.policy(model.name)
+            if policy.specific is None:
+                return policy.describe()
+            versions = policy.specific.versions
+    except ConfigError:
+        pass
+    return {"specific": {"versions": [str(v) for v in versions]}}  # int64: a string in protobuf's JSON
+
+
+def _config(model: ModelVersion, max_rows: int, version_policy: dict[str, Any]) -> dict[str, Any]:
     """Triton's model configuration (model_config.proto as JSON) for tritonclient's get_model_config.
 
     ``max_batch_size`` is what one infer request may carry (``max_rows``, the batch size an infer
@@ -202,7 +222,7 @@ def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
         "name": model.name,
         "platform": PLATFORM,
         "backend": "onnxruntime",
-        "version_policy": {"specific": {"versions": [str(model.version)]}},
+        "version_policy": version_policy,
         "max_batch_size": min(max_rows, batching.queue_size),
         "input": [
             {
@@ -233,7 +253,8 @@ def _config(model: ModelVersion, max_rows: int) -> dict[str, Any]:
     responses=v2_responses(CONFIG_SCHEMA, 400, 404),
 )
 async def model_config(name: str, repository: Repository, state: State) -> dict[str, Any]:
-    return _config(repository.get(name), state.settings.max_images_per_request)
+    model = repository.get(name)
+    return _config(model, state.settings.max_images_per_request, _version_policy(model, state))
 
 
 @router.get(
@@ -242,7 +263,8 @@ async def model_config(name: str, repository: Repository, state: State) -> dict[
     responses=v2_responses(CONFIG_SCHEMA, 400, 404),
 )
 async def model_version_config(name: str, version: str, repository: Repository, state: State) -> dict[str, Any]:
-    return _config(repository.get(name, version), state.settings.max_images_per_request)
+    model = repository.get(name, version)
+    return _config(model, state.settings.max_images_per_request, _version_policy(model, state))
 
 
 async def _infer(request: Request, state: State, name: str, version: str | None) -> Response:
@@ -283,8 +305,8 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
     responses=INFER_RESPONSES,
     dependencies=[Depends(requested_timeout)],
 )
-async def infer(name: str, request: Request, state: State) -> Response:
-    return await _infer(request, state, name, None)
+async def infer(name: str, request: Request, state: State, version: Version = None) -> Response:
+    return await _infer(request, state, name, version)
 
 
 @router.post(
@@ -295,6 +317,9 @@ async def infer(name: str, request: Request, state: State) -> Response:
     dependencies=[Depends(requested_timeout)],
 )
 async def infer_version(name: str, version: str, request: Request, state: State) -> Response:
+    asked = request.query_params.get("version")
+    if asked is not None and asked != version:  # which one ran would otherwise be our silent choice
+        raise BadRequest(f"the path asks for version {version} and ?version= for {asked!r}; send one of them")
     return await _infer(request, state, name, version)
 
 

@@ -136,13 +136,18 @@ def test_detector_infer_through_tritonclient(server, binary: bool) -> None:
     out = triton_infer(client, "tiny-detr", x, ["pred_logits", "pred_boxes"], binary=binary)
     assert out["pred_logits"].shape == (1, 12, 5) and out["pred_boxes"].shape == (1, 12, 4)
     assert np.all((out["pred_boxes"] >= 0) & (out["pred_boxes"] <= 1))
-    # The same tensor through ONNX Runtime directly (the graph the server loaded).
+    # The same tensor through ONNX Runtime directly (the graph the server loaded), padded to the
+    # bucket /v1 pads the image to, (96, 160), with its mask: a row runs in its bucket.
     import onnxruntime as ort
 
     session = ort.InferenceSession(
         str(repository / "tiny-detr" / "1" / "model.onnx"), providers=["CPUExecutionProvider"]
     )
-    logits, boxes = session.run(None, {"pixel_values": x, "pixel_mask": np.ones((1, 96, 144), np.int64)})
+    padded = np.zeros((1, 3, 96, 160), np.float32)
+    padded[..., :144] = x
+    mask = np.zeros((1, 96, 160), np.int64)
+    mask[..., :144] = 1
+    logits, boxes = session.run(None, {"pixel_values": padded, "pixel_mask": mask})
     np.testing.assert_allclose(out["pred_logits"], logits, atol=1e-5)
     np.testing.assert_allclose(out["pred_boxes"], boxes, atol=1e-5)
 
@@ -215,14 +220,18 @@ def assert_same_detections(got: list[dict], expected: list[dict], *, box_px: flo
 
 @needs_detect
 @pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
-def test_detector_infer_equals_v1_detect(server, binary: bool) -> None:
+@pytest.mark.parametrize("padded_by", ["client", "server"])
+def test_detector_infer_equals_v1_detect(server, binary: bool, padded_by: str) -> None:
     url, client, repository = server
     x = served_tensor(repository, "tiny-detr", CHELSEA)  # (1, 3, 96, 144): /v1 pads it to its (96, 160) bucket
-    padded = np.zeros((1, 3, 96, 160), np.float32)
-    padded[..., :144] = x
-    mask = np.zeros((1, 96, 160), np.int64)
-    mask[..., :144] = 1
-    out = triton_infer(client, "tiny-detr", padded, ["pred_logits", "pred_boxes"], binary=binary, mask=mask)
+    if padded_by == "client":  # as the Hugging Face processor pads, with the mask
+        padded = np.zeros((1, 3, 96, 160), np.float32)
+        padded[..., :144] = x
+        mask = np.zeros((1, 96, 160), np.int64)
+        mask[..., :144] = 1
+        out = triton_infer(client, "tiny-detr", padded, ["pred_logits", "pred_boxes"], binary=binary, mask=mask)
+    else:  # the resized image alone: the server pads it to the same bucket
+        out = triton_infer(client, "tiny-detr", x, ["pred_logits", "pred_boxes"], binary=binary)
     v1 = httpx.post(f"{url}/v1/models/tiny-detr/detect", files={"image": CHELSEA.read_bytes()}, params={"threshold": 0})
     assert v1.status_code == 200, v1.text
     served = v1.json()["detections"]

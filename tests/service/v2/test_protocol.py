@@ -475,6 +475,9 @@ async def test_config_reports_the_sessions_and_what_a_request_may_carry() -> Non
         ("BOOL", [1, 0, 1], "true or false"),
         ("FP16", ["1", 0, 0], "must all be numbers"),
         ("INT64", [None, 1, 2], "must all be numbers"),
+        ("INT64", [1.9, 1, 2], "a value is not an integer"),  # not truncated to 1
+        ("INT64", [1, 2, 2**63], "outside [-9223372036854775808, 9223372036854775807]"),  # numpy: floats
+        ("UINT64", [-1, 0, 2**63], "outside [0, 18446744073709551615]"),
         ("FP32", [[1.0, 2.0], [3.0]], "its nested lists are ragged"),  # not numpy's "inhomogeneous shape"
         ("FP32", [0.5, 1.0, True], "must all be numbers"),  # numpy reads it as [0.5, 1.0, 1.0]
         ("INT32", [[0], [False], [2]], "must all be numbers"),  # and this as [[0], [0], [2]]
@@ -493,7 +496,14 @@ def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: st
         timeout = orjson.dumps({"inputs": orjson.loads(request(data))["inputs"], "parameters": {"timeout": value}})
         with pytest.raises(BadRequest, match=re.escape(f"integer number of microseconds, not {shown}")):
             parse_infer_request(timeout, None)
-    fine = {"UINT8": [0, 255, 7], "INT8": [-128, 127, 0], "INT32": [1, -2, 3], "BOOL": [True, False, True]}
+    fine = {
+        "UINT8": [0, 255, 7],
+        "INT8": [-128, 127, 0],
+        "INT32": [1, -2, 3],
+        "BOOL": [True, False, True],
+        "INT64": [-(2**63), 2**63 - 1, 0],
+        "UINT64": [0, 2**64 - 1, 2],
+    }
     if datatype in fine:
         parsed = parse_infer_request(request(fine[datatype]), None)
         assert parsed.inputs["x"].tolist() == fine[datatype]
