@@ -103,6 +103,7 @@ async def test_a_tensor_larger_than_every_bucket_is_a_400_naming_them_and_is_nev
         ("/v2/models/detr-digits/infer", "", 200, "2"),
         ("/v2/models/detr-digits/infer", "?version=abc", 400, None),
         ("/v2/models/detr-digits/versions/2/infer", "?version=2", 200, "2"),
+        ("/v2/models/detr-digits/versions/2/infer", "?version=02", 200, "2"),  # one version, two spellings
         ("/v2/models/detr-digits/versions/2/infer", "?version=1", 400, None),
     ],
 )
