@@ -85,7 +85,8 @@ class Settings(BaseSettings):
         description="Decoded pixels of one request's images together; the images past it get 413 entries. "
         "Bounds one request's decoding CPU.",
     )
-    # Structure limits of the JPEG and PNG pre-scan (service/imaging/prescan.py), checked before Pillow parses a byte.
+    # Structure limits of the JPEG, PNG, GIF and TIFF pre-scan (service/imaging/prescan.py), checked before
+    # Pillow parses a byte.
     max_jpeg_scans: int = Field(64, ge=1, description="Scans (SOS markers) in a JPEG (413); encoders write ~10.")
     max_jpeg_scan_pixels: int = Field(
         1_000_000_000, ge=1, description="Scans x width x height of a JPEG of 2+ scans, the work of decoding it (413)."
@@ -98,6 +99,10 @@ class Settings(BaseSettings):
     max_gif_blocks: int = Field(
         20_000, ge=1, description="Extension blocks and sub-blocks before a GIF's first image (413)."
     )
+    max_tiff_strips: int = Field(
+        16_384, ge=1, description="Strips or tiles of a TIFF (413); libtiff writes one per 8 KiB, 2,560 for 20 MiB."
+    )
+    max_tiff_tags: int = Field(1024, ge=16, description="Entries of one TIFF IFD (413); encoders write ~10-60.")
     max_image_metadata_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,

@@ -185,6 +185,8 @@ def decode_limits(settings: Settings) -> DecodeLimits:
             max_jpeg_fill_bytes=settings.max_jpeg_fill_bytes,
             max_png_chunks=settings.max_png_chunks,
             max_gif_blocks=settings.max_gif_blocks,
+            max_tiff_strips=settings.max_tiff_strips,
+            max_tiff_tags=settings.max_tiff_tags,
             max_metadata_bytes=settings.max_image_metadata_bytes,
         ),
         max_request_pixels=settings.max_request_pixels,

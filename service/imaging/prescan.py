@@ -1,4 +1,4 @@
-"""Pre-scanning JPEG, PNG and GIF files, in bytes, before Pillow opens them: structure bombs refused.
+"""Pre-scanning JPEG, PNG, GIF and TIFF files, in bytes, before Pillow opens them: structure bombs refused.
 
 Pillow parses a JPEG's header segments and a PNG's chunks in pure Python, one Python object (or
 several) per segment, chunk or fill byte, and libjpeg decodes each progressive scan over the
@@ -10,22 +10,27 @@ whole image. A small file can therefore cost seconds of CPU and hundreds of MiB 
 * a flat 6000x6000 progressive JPEG whose last refinement scan is repeated 500 times (170 KB):
   about 10 s in libjpeg, a cost of scans x pixels;
 * a PNG with 1.7 million empty private chunks: 5.5 s, +225 MiB;
-* a GIF with 5 million one-byte comment sub-blocks before its image (10 MB): 3.2 s.
+* a GIF with 5 million one-byte comment sub-blocks before its image (10 MB): 3.2 s;
+* an uncompressed 1x1,800,000 grey TIFF with one row per strip (16 MB, 1.8 million strip
+  offsets): 6.9 s and +630 MiB, one Python tile per strip; a TIFF of 65,000 tags, or of 60,000
+  tags each claiming 2^30 values, 0.2-0.5 s and one logged warning per tag.
 
 :func:`prescan` walks the same structure at C speed (``bytes.find``, ``re`` and
 ``struct.unpack_from`` on the buffer; no copy, one small object per marker or chunk) and stops
 at the first limit exceeded, so the walk itself is bounded by the limits, not by the file. A
 file that breaks the structure in a way these limits do not cover is left to Pillow, which
 reports it as truncated or corrupt. Other formats pass through: their parsers are C (libwebp,
-libavif, BMP) or bounded by their format (a TIFF IFD or an ICO directory holds at most 65,535
-entries).
+libavif, BMP) or bounded by their format (an ICO directory holds at most 65,535 entries). A TIFF
+is not bounded by its format: one IFD entry may hold 2^32 values (TIFF 6.0, Section 2), and
+Pillow reads the strip and tile offsets into Python objects.
 
 The limits (:class:`PrescanLimits`) are far above what real cameras and encoders write: libjpeg
 and libjpeg-turbo write 10 scans for a colour progressive JPEG (6 for grey), mozjpeg's searched
 scripts about 10-20; a camera's header is about 10-20 segments (APP0/APP1 EXIF/XMP/APP2 ICC/
 APP13, DQT, SOF, DHT, DRI), extended XMP and a 16 MB ICC profile at most a few hundred more
 (64 KB each); encoders write no fill bytes; a PNG of 20 MiB in libpng's 8 KiB IDAT chunks is
-2,560 chunks.
+2,560 chunks; libtiff's 8 KiB strips of a 20 MiB TIFF are 2,560 strips, and a TIFF IFD holds
+about 10-60 tags.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from service.core.errors import PayloadTooLarge
 JPEG_SOI = b"\xff\xd8"
 GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic, BigTIFF (the 43)
 
 # T.81 Table B.1: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC); progressive: 2, 6, 10, 14.
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
@@ -54,7 +60,7 @@ _IMAGE_DATA = frozenset({b"IDAT", b"fdAT"})
 
 @dataclass(frozen=True)
 class PrescanLimits:
-    """What one JPEG or PNG may hold before it is refused (413), checked before decoding.
+    """What one JPEG, PNG, GIF or TIFF may hold before it is refused (413), checked before decoding.
 
     Attributes:
         max_jpeg_scans: SOS markers (scans) in a JPEG; libjpeg's progressive default is 10.
@@ -68,8 +74,13 @@ class PrescanLimits:
         max_png_chunks: chunks of a PNG, IDAT included.
         max_gif_blocks: extension blocks and their data sub-blocks before a GIF's first image
             (a 2 MB ICC profile in 255-byte sub-blocks is 8,000).
+        max_tiff_strips: strips or tiles of a TIFF (the count of StripOffsets, TileOffsets or
+            their byte counts in the first IFD); Pillow makes one Python tile per strip.
+        max_tiff_tags: entries of one TIFF IFD (the first, and its EXIF and GPS IFDs, which
+            Pillow reads for the orientation).
         max_metadata_bytes: bytes of metadata (JPEG APPn and COM segments; PNG chunks other than
-            IDAT and fdAT; an ICC profile or text after decompression), per image.
+            IDAT and fdAT; TIFF tag values stored outside their IFD entry, other than the strip
+            and tile arrays; an ICC profile or text after decompression), per image.
     """
 
     max_jpeg_scans: int = 64
@@ -78,6 +89,8 @@ class PrescanLimits:
     max_jpeg_fill_bytes: int = 65536
     max_png_chunks: int = 10_000
     max_gif_blocks: int = 20_000
+    max_tiff_strips: int = 16_384
+    max_tiff_tags: int = 1024
     max_metadata_bytes: int = 16 * 1024 * 1024
 
 
@@ -269,13 +282,96 @@ def scan_gif(data: bytes, limits: PrescanLimits) -> None:
                 break
 
 
+# TIFF 6.0, Section 2 (and BigTIFF's 16-18): bytes per value of each field type.
+_TIFF_TYPE_SIZES = {
+    1: 1,
+    2: 1,
+    3: 2,
+    4: 4,
+    5: 8,
+    6: 1,
+    7: 1,
+    8: 2,
+    9: 4,
+    10: 8,
+    11: 4,
+    12: 8,
+    13: 4,
+    16: 8,
+    17: 8,
+    18: 8,
+}
+_TIFF_STRIP_TAGS = frozenset({273, 279, 324, 325})  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
+_TIFF_SUB_IFDS = frozenset({34665, 34853})  # the EXIF and GPS IFD pointers
+
+
+def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
+    """Walk a TIFF's first IFD (TIFF 6.0, Section 2; BigTIFF) and refuse a structure bomb.
+
+    The first IFD is the image Pillow opens; its EXIF and GPS IFDs (one level down, each once)
+    are what Pillow parses for the orientation. Each IFD's entries are counted, the strip or tile
+    count read from the entries' counts, and the values stored outside their entry summed as
+    metadata (up to what the file holds: Pillow skips the rest). Stops at the end of the data or
+    an offset outside it (corrupt: Pillow says so), or at the first limit exceeded. Later IFDs
+    (pages) are not read: the first frame is decoded.
+
+    Raises:
+        PayloadTooLarge: more entries in an IFD than ``limits.max_tiff_tags``, more strips or
+            tiles than ``limits.max_tiff_strips``, or more metadata bytes than
+            ``limits.max_metadata_bytes`` (413).
+    """
+    n = len(data)
+    order = "<" if data[:2] == b"II" else ">"
+    big = data[2:4] in (b"+\x00", b"\x00+")
+    if big:
+        count_fmt, entry_fmt, entry_size, inline = "Q", "HHQQ", 20, 8
+        pointer = 8
+    else:
+        count_fmt, entry_fmt, entry_size, inline = "H", "HHII", 12, 4
+        pointer = 4
+    if n < pointer + (8 if big else 4):
+        return
+    (first,) = struct.unpack_from(order + ("Q" if big else "I"), data, pointer)
+    pending, seen, metadata = [(first, True)], set(), 0
+    while pending:
+        offset, is_image = pending.pop()
+        if offset in seen or offset + struct.calcsize(count_fmt) > n:
+            continue
+        seen.add(offset)
+        (entries,) = struct.unpack_from(order + count_fmt, data, offset)
+        if entries > limits.max_tiff_tags:
+            raise PayloadTooLarge(
+                f"the TIFF image has an IFD of {entries} entries, more than {limits.max_tiff_tags} "
+                "(PATCHSERVE_MAX_TIFF_TAGS); encoders write about 10-60: a parser bomb?"
+            )
+        position = offset + struct.calcsize(count_fmt)
+        for _ in range(min(entries, (n - position) // entry_size)):
+            tag, kind, count, value = struct.unpack_from(order + entry_fmt, data, position)
+            position += entry_size
+            if is_image and tag in _TIFF_STRIP_TAGS:
+                if count > limits.max_tiff_strips:
+                    raise PayloadTooLarge(
+                        f"the TIFF image has {count} strips or tiles, more than {limits.max_tiff_strips} "
+                        "(PATCHSERVE_MAX_TIFF_STRIPS); libtiff writes one per 8 KiB: a parser bomb?"
+                    )
+                continue
+            if is_image and tag in _TIFF_SUB_IFDS and count == 1:
+                pending.append((value, False))
+            size = count * _TIFF_TYPE_SIZES.get(kind, 0)
+            if size > inline and value < n:
+                metadata += min(size, n - value)
+                if metadata > limits.max_metadata_bytes:
+                    raise _metadata_too_large("TIFF", f"at least {metadata}", limits.max_metadata_bytes)
+
+
 def prescan(data: bytes, limits: PrescanLimits) -> None:
-    """Refuse a JPEG, PNG or GIF whose structure would cost Pillow far more than its size suggests.
+    """Refuse a JPEG, PNG, GIF or TIFF whose structure would cost Pillow far more than its size suggests.
 
     Any other data passes unchecked (Pillow identifies it).
 
     Raises:
-        PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`.
+        PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`,
+            :func:`scan_gif`, :func:`scan_tiff`.
     """
     if data.startswith(JPEG_SOI):
         scan_jpeg(data, limits)
@@ -283,3 +379,5 @@ def prescan(data: bytes, limits: PrescanLimits) -> None:
         scan_png(data, limits)
     elif data.startswith(GIF_SIGNATURES):
         scan_gif(data, limits)
+    elif data.startswith(TIFF_SIGNATURES):
+        scan_tiff(data, limits)

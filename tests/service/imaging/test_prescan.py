@@ -1,4 +1,4 @@
-"""The JPEG and PNG pre-scan: bombs refused before Pillow opens them, real files untouched (issue 15 B, C).
+"""The JPEG, PNG, GIF and TIFF pre-scan: bombs refused before Pillow opens them, real files untouched (issue 15 B, C).
 
 Each bomb is the issue's reproduction. "Before Pillow opens it" is shown by counting calls to
 ``PIL.Image.open`` (never by a timer): the bombs make none, the ordinary images sent beside
@@ -8,6 +8,7 @@ them one each.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import struct
 import time
@@ -19,6 +20,8 @@ import pytest
 from PIL import Image
 
 from service.core.errors import PayloadTooLarge
+from service.core.settings import Settings
+from service.http.app import decode_limits
 from service.imaging.images import decode_image
 from service.imaging.prescan import PrescanLimits, prescan
 from tests.conftest import ROOT, running_app
@@ -77,6 +80,76 @@ def gif_comment_bomb() -> bytes:
     return g[:start] + b"\x21\xfe" + b"\x01a" * 5_000_000 + b"\x00" + g[start:]
 
 
+def _tiff(entries: list[tuple[int, int, int, int]], blob: bytes = b"", *, big: bool = False, order: str = "<") -> bytes:
+    """A TIFF (TIFF 6.0, Section 2; BigTIFF with ``big``): header, ``blob`` at offset 16, then one IFD.
+
+    ``entries`` are (tag, type, count, value); a value of -k means offset 16 + k into ``blob``.
+    """
+    head = 16
+    ifd = head + len(blob)
+    fixed = [(tag, kind, count, head - value if value < 0 else value) for tag, kind, count, value in entries]
+    if big:
+        header = (b"II" if order == "<" else b"MM") + struct.pack(order + "HHHQ", 43, 8, 0, ifd)
+        table = struct.pack(order + "Q", len(fixed)) + b"".join(struct.pack(order + "HHQQ", *e) for e in fixed)
+        table += bytes(8)
+    else:
+        header = (b"II" if order == "<" else b"MM") + struct.pack(order + "HI", 42, ifd) + bytes(8)
+        table = struct.pack(order + "H", len(fixed)) + b"".join(struct.pack(order + "HHII", *e) for e in fixed)
+        table += bytes(4)
+    return header + blob + table
+
+
+def _grey_tiff_entries(width: int, height: int, rows_per_strip: int, strips: int, offsets: int, counts: int) -> list:
+    long_ = 4
+    return [
+        (256, long_, 1, width),
+        (257, long_, 1, height),
+        (258, 3, 1, 8),
+        (259, 3, 1, 1),  # no compression
+        (262, 3, 1, 1),  # black is zero
+        (273, long_, strips, offsets),
+        (277, 3, 1, 1),
+        (278, long_, 1, rows_per_strip),
+        (279, long_, strips, counts),
+    ]
+
+
+def tiff_strip_bomb(height: int = 1_800_000) -> bytes:
+    """An uncompressed 1 x ``height`` grey TIFF, one row (one byte) per strip: with 1.8 million
+    strips (16 MB), 6.9 s and +630 MiB in Pillow (a fresh-user session's find)."""
+    pixels = (np.arange(height) % 256).astype(np.uint8).tobytes()
+    offsets = struct.pack(f"<{height}I", *range(16, 16 + height))
+    counts = struct.pack(f"<{height}I", *([1] * height))
+    entries = _grey_tiff_entries(1, height, 1, height, -len(pixels), -(len(pixels) + len(offsets)))
+    return _tiff(entries, pixels + offsets + counts)
+
+
+def _tiff_8x8(extra: list[tuple[int, int, int, int]] = [], blob: bytes = b"", **options) -> bytes:  # noqa: B006
+    entries = _grey_tiff_entries(8, 8, 8, 1, 16, 64)
+    return _tiff(sorted(entries + extra), bytes(range(64)) + blob, **options)
+
+
+# Tags that Pillow gives a meaning, left out of the bombs' private tags.
+_KNOWN = {513, 514, 530, 532, 700, 33432, 33723, 34377, 34665, 34675, 34853, 37724, 48129, 50741}  # 48129: JPEG XR
+_PRIVATE = [t for t in range(400, 65535) if t not in _KNOWN]
+
+
+def tiff_tag_bomb() -> bytes:
+    """65,000 IFD entries (the most a classic IFD holds is 65,535)."""
+    return _tiff_8x8([(t, 3, 1, 1) for t in _PRIVATE[:65_000]])
+
+
+def tiff_claims_bomb() -> bytes:
+    """60,000 entries each claiming 2^30 values: one logged warning from Pillow per entry."""
+    return _tiff_8x8([(t, 4, 2**30, 16) for t in _PRIVATE[:60_000]])
+
+
+def tiff_exif_bomb() -> bytes:
+    """An 8x8 TIFF whose EXIF IFD, which Pillow reads for the orientation, holds 65,000 entries."""
+    sub = struct.pack("<H", 65_000) + b"".join(struct.pack("<HHII", t, 3, 1, 1) for t in _PRIVATE[:65_000])
+    return _tiff_8x8([(34665, 4, 1, 16 + 64)], sub + bytes(4))
+
+
 def _segments(data: bytes) -> list[tuple[int, int, int]]:
     """(marker, start, end) of each segment of a JPEG from Pillow, SOS segments with their scan data."""
     pos, out = 2, []
@@ -124,6 +197,12 @@ def bombs() -> dict[str, bytes]:
         "scans": scan_bomb(side=64),  # 510 scans of a 64x64 image: over the scan cap
         "scan-pixels": scan_bomb(),  # the issue's: 510 scans of 36 MP, over the work budget at 28
         "scan-pixels-under-cap": scan_bomb(repeats=40),  # 50 scans of 36 MP: under the cap, over the budget
+        "tiff-strips": tiff_strip_bomb(),
+        "tiff-tags": tiff_tag_bomb(),
+        "tiff-claims": tiff_claims_bomb(),
+        "tiff-exif-tags": tiff_exif_bomb(),
+        "bigtiff-strips": _tiff(_grey_tiff_entries(1, 20_000, 1, 20_000, 16, 16), bytes(20_000), big=True),
+        "tiff-metadata": _tiff_8x8([(50_000, 7, 17_000_000, 16 + 64)], bytes(17_000_000), order="<"),
     }
 
 
@@ -137,6 +216,12 @@ def bombs() -> dict[str, bytes]:
         ("scans", "more than 64 scans"),
         ("scan-pixels", "scan pixels"),
         ("scan-pixels-under-cap", "at least 28 scans of 36000000 pixels"),
+        ("tiff-strips", "1800000 strips or tiles, more than 16384"),
+        ("tiff-tags", "IFD of 65009 entries, more than 1024"),
+        ("tiff-claims", "IFD of 60009 entries"),
+        ("tiff-exif-tags", "IFD of 65000 entries"),
+        ("bigtiff-strips", "20000 strips or tiles"),
+        ("tiff-metadata", "TIFF image's metadata is at least 17000000 bytes"),
     ],
 )
 def test_each_bomb_is_a_413_from_the_prescan_in_milliseconds(bombs, name: str, part: str) -> None:
@@ -156,9 +241,45 @@ def test_the_scan_bomb_is_what_the_issue_describes(bombs, monkeypatch) -> None:
         assert image.size == (6000, 6000) and image.info.get("progressive") == 1
 
 
+def test_the_tiff_bombs_are_valid_files_whose_cost_alone_is_hostile() -> None:
+    # The strip bomb's structure, smaller: Pillow decodes it, one tile per strip, and the
+    # pre-scan lets it through under a limit raised above its strips.
+    data = tiff_strip_bomb(height=20_000)
+    with pytest.raises(PayloadTooLarge, match="20000 strips"):
+        prescan(data, LIMITS)
+    prescan(data, PrescanLimits(max_tiff_strips=20_000))
+    with Image.open(io.BytesIO(data)) as image:
+        assert len(image.tile) == 20_000
+        assert np.array_equal(np.asarray(image).ravel(), np.arange(20_000) % 256)
+    with Image.open(io.BytesIO(tiff_tag_bomb())) as image:
+        assert len(image.tag_v2) >= 65_000 - len(_KNOWN)  # each parsed: the cost the cap bounds
+    with Image.open(io.BytesIO(tiff_exif_bomb())) as image:
+        assert len(image.getexif().get_ifd(0x8769)) == 65_000
+
+
+def test_tiffs_at_the_limits_pass_in_both_byte_orders() -> None:
+    limits = PrescanLimits(max_tiff_strips=64, max_tiff_tags=32, max_metadata_bytes=4096)
+    for order in "<>":
+        strips = _tiff(_grey_tiff_entries(1, 64, 1, 64, 16, 16), bytes(64), order=order)
+        prescan(strips, limits)
+        private = [(t, 3, 1, 1) for t in _PRIVATE[: 32 - 9]]
+        prescan(_tiff_8x8(private, order=order), limits)
+        with pytest.raises(PayloadTooLarge, match="33 entries"):
+            prescan(_tiff_8x8([*private, (_PRIVATE[23], 3, 1, 1)], order=order), limits)
+        prescan(_tiff_8x8([(50_000, 7, 4096, 16 + 64)], bytes(4096), order=order), limits)
+        with pytest.raises(PayloadTooLarge, match="metadata is at least 4097"):
+            prescan(_tiff_8x8([(50_000, 7, 4097, 16 + 64)], bytes(4097), order=order), limits)
+    # A claim past the end of the file counts what the file holds (Pillow skips the rest).
+    prescan(_tiff_8x8([(50_000, 4, 2**30, 16)]), limits)
+    # Truncated and corrupt files are Pillow's to name: the walk stops without reading past the end.
+    whole = _tiff_8x8([(t, 3, 1, 1) for t in _PRIVATE[:5]])
+    for cut in range(len(whole)):
+        prescan(whole[:cut], limits)
+
+
 def _real_files() -> list[Path]:
     folders = [ROOT / "tests" / "images", ROOT / "examples", Path("/work/shared/images")]
-    suffixes = (".jpg", ".png", ".gif")
+    suffixes = (".jpg", ".png", ".gif", ".tif", ".tiff")
     return sorted(p for f in folders if f.exists() for p in f.rglob("*") if p.suffix.lower() in suffixes)
 
 
@@ -179,6 +300,15 @@ def test_real_files_and_encoder_options_pass_the_prescan() -> None:
     frames = [Image.new("P", (32, 32), i) for i in range(30)]
     frames[0].save(animated, "GIF", save_all=True, append_images=frames[1:], comment=b"c" * 5000, loop=0)
     generated.append(animated.getvalue())
+    for compression in ("raw", "tiff_lzw", "tiff_adobe_deflate", "jpeg", "packbits"):
+        tiff = io.BytesIO()
+        photo = Image.fromarray(np.random.default_rng(2).integers(0, 256, (3000, 2000, 3), dtype=np.uint8))
+        photo.save(tiff, "TIFF", compression=compression, exif=exif, icc_profile=b"\0" * 100_000, dpi=(300, 300))
+        generated.append(tiff.getvalue())
+    pages = io.BytesIO()
+    frames[0].convert("L").save(pages, "TIFF", save_all=True, append_images=[f.convert("L") for f in frames[1:]])
+    generated.append(pages.getvalue())
+    assert sum(data.startswith((b"II*", b"MM\x00*")) for data in files + generated) >= 7
     for data in files + generated:
         prescan(data, LIMITS)
 
@@ -237,3 +367,12 @@ def test_a_single_scan_over_the_scan_budget_is_left_to_the_image_pixel_limit() -
     prescan(bytes(data), LIMITS)  # passes: one scan
     with pytest.raises(PayloadTooLarge, match="declares 4294836225 pixels; the limit is 40000000"):
         decode_image(bytes(data), color_mode="RGB", max_pixels=40_000_000)
+
+
+def test_every_prescan_limit_is_a_setting() -> None:
+    # Each PATCHSERVE_MAX_* pre-scan setting reaches the pre-scan (the TIFF two were added after the others).
+    names = {field.name: field.name for field in dataclasses.fields(PrescanLimits)}
+    names["max_metadata_bytes"] = "max_image_metadata_bytes"
+    values = {setting: 100_000 + i for i, setting in enumerate(names.values())}
+    limits = decode_limits(Settings(**values)).prescan
+    assert dataclasses.asdict(limits) == {field: values[setting] for field, setting in names.items()}
