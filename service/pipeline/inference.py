@@ -29,7 +29,20 @@ from service.pipeline.decoding import (
 )
 from service.runtime.repository import ModelVersion
 
-__all__ = ["DecodeLimits", "ImageOutcome", "infer_images", "response_body"]
+__all__ = ["DecodeLimits", "ImageOutcome", "infer_images", "observe_padding", "response_body"]
+
+
+def observe_padding(model: ModelVersion, height: int, width: int, bucket: tuple[int, int] | None) -> float:
+    """The fraction of ``bucket``'s pixels that ``height`` x ``width`` real pixels leave as padding.
+
+    Observed in ``patchserve_padding_fraction`` for ``model`` (``/v1`` images and ``/v2`` rows
+    alike); 0.0, not observed, without a bucket (a model without padding buckets).
+    """
+    if bucket is None:
+        return 0.0
+    padding = 1.0 - height * width / (bucket[0] * bucket[1])
+    metrics.PADDING_FRACTION.labels(model.name, str(model.version)).observe(padding)
+    return padding
 
 
 async def _submit(
@@ -42,10 +55,7 @@ async def _submit(
             bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
         except ValueError as exc:  # the manifest's checks make this unreachable; a 413, never a 500
             raise PayloadTooLarge(f"the image's model input fits none of the model's padding buckets ({exc})") from None
-        padding = 0.0
-        if bucket is not None:
-            padding = 1.0 - x.shape[1] * x.shape[2] / (bucket[0] * bucket[1])
-            metrics.PADDING_FRACTION.labels(model.name, str(model.version)).observe(padding)
+        padding = observe_padding(model, x.shape[1], x.shape[2], bucket)
         result = await model.batcher.submit(x, deadline=deadline, bucket=bucket)
     except ProblemError as exc:
         return dataclasses.replace(outcome, error=exc)

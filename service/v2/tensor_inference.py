@@ -23,9 +23,9 @@ import numpy as np
 
 from service import tasks
 from service.batching.config import InferenceResult
-from service.core import metrics
 from service.core.errors import BadRequest, ProblemError
 from service.imaging import resize as policies
+from service.pipeline.inference import observe_padding
 from service.runtime.repository import ModelVersion
 from service.tasks import classification
 from service.v2.protocol import ORT_DATATYPES, InferRequest, OutputTensor, RequestedOutput, datatype_of
@@ -178,6 +178,25 @@ def _bucket(model: ModelVersion, height: int, width: int, row: int) -> tuple[int
     return bucket
 
 
+def _row_buckets(model: ModelVersion, sizes: list[tuple[int, int]], height: int, width: int) -> list[tuple[int, int]]:
+    """(H, W) each masked row is padded to, every row checked before any is run.
+
+    The bucket ``/v1`` pads the row's image to (:func:`_bucket`; the padding observed in
+    ``patchserve_padding_fraction``, as for an image), or, for a model without buckets, the
+    tensor's own ``height`` x ``width`` (within the model's extent, :func:`_checked_extent`).
+
+    Raises:
+        BadRequest: as :func:`_bucket` and :func:`_checked_extent` (400).
+    """
+    if model.preprocessor.spec.buckets is None:
+        _checked_extent(model, height, width, f"input {model.manifest.input.name!r}")
+        return [(height, width)] * len(sizes)
+    buckets = [_bucket(model, h, w, i) for i, (h, w) in enumerate(sizes)]
+    for (h, w), bucket in zip(sizes, buckets, strict=True):
+        observe_padding(model, h, w, bucket)
+    return buckets
+
+
 def _classify(values: np.ndarray, count: int, labels: list[str]) -> np.ndarray:
     """The classification extension: each row's ``count`` highest values as "value:index[:label]".
 
@@ -245,27 +264,16 @@ async def infer_tensors(
                 f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
             )
     sizes = _valid_sizes(model, request, x)
-    if model.preprocessor.spec.buckets is not None and sizes is not None:
-        # each row's real pixels, padded again by the batcher to the bucket /v1 would pad them to
-        buckets = [_bucket(model, h, w, i) for i, (h, w) in enumerate(sizes)]
-        padding = metrics.PADDING_FRACTION.labels(model.name, str(model.version))
-        for (h, w), (bucket_h, bucket_w) in zip(sizes, buckets, strict=True):
-            padding.observe(1.0 - h * w / (bucket_h * bucket_w))
+    if sizes is None:  # a graph without a mask: each row whole
+        if -1 in dims(model.manifest.input.shape)[2:]:
+            _checked_extent(model, x.shape[2], x.shape[3], f"input {model.manifest.input.name!r}")
+        submits = [model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])]
+    else:  # each row's real pixels, padded again by the batcher to their bucket
+        buckets = _row_buckets(model, sizes, x.shape[2], x.shape[3])
         submits = [
             model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket)
             for i, ((h, w), bucket) in enumerate(zip(sizes, buckets, strict=True))
         ]
-    elif sizes is not None:  # a mask and no buckets: the rows padded to the tensor's own H x W
-        _checked_extent(model, x.shape[2], x.shape[3], f"input {model.manifest.input.name!r}")
-        bucket = (x.shape[2], x.shape[3])
-        submits = [
-            model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket)
-            for i, (h, w) in enumerate(sizes)
-        ]
-    else:
-        if -1 in dims(model.manifest.input.shape)[2:]:
-            _checked_extent(model, x.shape[2], x.shape[3], f"input {model.manifest.input.name!r}")
-        submits = [model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])]
     rows = await asyncio.gather(*submits, return_exceptions=True)
     failures = [r for r in rows if isinstance(r, BaseException)]
     if failures:
