@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from collections.abc import AsyncIterator
@@ -176,21 +177,14 @@ def control_signal(settings: Settings) -> ControlSignal | None:
 
 
 def decode_limits(settings: Settings) -> DecodeLimits:
-    """The pre-scan's and one request's decoding limits, from ``settings``."""
-    return DecodeLimits(
-        prescan=PrescanLimits(
-            max_jpeg_scans=settings.max_jpeg_scans,
-            max_jpeg_scan_pixels=settings.max_jpeg_scan_pixels,
-            max_jpeg_segments=settings.max_jpeg_segments,
-            max_jpeg_fill_bytes=settings.max_jpeg_fill_bytes,
-            max_png_chunks=settings.max_png_chunks,
-            max_gif_blocks=settings.max_gif_blocks,
-            max_tiff_strips=settings.max_tiff_strips,
-            max_tiff_tags=settings.max_tiff_tags,
-            max_metadata_bytes=settings.max_image_metadata_bytes,
-        ),
-        max_request_pixels=settings.max_request_pixels,
-    )
+    """The pre-scan's and one request's decoding limits, from ``settings``.
+
+    Each field of :class:`PrescanLimits` is the setting of its name (``PATCHSERVE_MAX_...``), but
+    ``max_metadata_bytes``, which is ``max_image_metadata_bytes``.
+    """
+    renamed = {"max_metadata_bytes": "max_image_metadata_bytes"}
+    prescan = {f.name: getattr(settings, renamed.get(f.name, f.name)) for f in dataclasses.fields(PrescanLimits)}
+    return DecodeLimits(prescan=PrescanLimits(**prescan), max_request_pixels=settings.max_request_pixels)
 
 
 def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import re
 import struct
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.core.errors import PayloadTooLarge
@@ -284,22 +285,10 @@ def scan_gif(data: bytes, limits: PrescanLimits) -> None:
 
 # TIFF 6.0, Section 2 (and BigTIFF's 16-18): bytes per value of each field type.
 _TIFF_TYPE_SIZES = {
-    1: 1,
-    2: 1,
-    3: 2,
-    4: 4,
-    5: 8,
-    6: 1,
-    7: 1,
-    8: 2,
-    9: 4,
-    10: 8,
-    11: 4,
-    12: 8,
-    13: 4,
-    16: 8,
-    17: 8,
-    18: 8,
+    **dict.fromkeys((1, 2, 6, 7), 1),  # BYTE, ASCII, SBYTE, UNDEFINED
+    **dict.fromkeys((3, 8), 2),  # SHORT, SSHORT
+    **dict.fromkeys((4, 9, 11, 13), 4),  # LONG, SLONG, FLOAT, IFD
+    **dict.fromkeys((5, 10, 12, 16, 17, 18), 8),  # RATIONAL, SRATIONAL, DOUBLE; BigTIFF's LONG8, SLONG8, IFD8
 }
 _TIFF_STRIP_TAGS = frozenset({273, 279, 324, 325})  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
 _TIFF_SUB_IFDS = frozenset({34665, 34853})  # the EXIF and GPS IFD pointers
@@ -364,20 +353,26 @@ def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
                     raise _metadata_too_large("TIFF", f"at least {metadata}", limits.max_metadata_bytes)
 
 
+# Each container the pre-scan walks: its leading bytes and its scanner (a new one is one row here).
+SCANNERS: tuple[tuple[tuple[bytes, ...], Callable[[bytes, PrescanLimits], None]], ...] = (
+    ((JPEG_SOI,), scan_jpeg),
+    ((PNG_SIGNATURE,), scan_png),
+    (GIF_SIGNATURES, scan_gif),
+    (TIFF_SIGNATURES, scan_tiff),
+)
+
+
 def prescan(data: bytes, limits: PrescanLimits) -> None:
     """Refuse a JPEG, PNG, GIF or TIFF whose structure would cost Pillow far more than its size suggests.
 
-    Any other data passes unchecked (Pillow identifies it).
+    The scanner of :data:`SCANNERS` whose signature ``data`` starts with walks it; any other data
+    passes unchecked (Pillow identifies it).
 
     Raises:
         PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`,
             :func:`scan_gif`, :func:`scan_tiff`.
     """
-    if data.startswith(JPEG_SOI):
-        scan_jpeg(data, limits)
-    elif data.startswith(PNG_SIGNATURE):
-        scan_png(data, limits)
-    elif data.startswith(GIF_SIGNATURES):
-        scan_gif(data, limits)
-    elif data.startswith(TIFF_SIGNATURES):
-        scan_tiff(data, limits)
+    for signatures, scan in SCANNERS:
+        if data.startswith(signatures):
+            scan(data, limits)
+            return
