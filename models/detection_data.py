@@ -9,6 +9,10 @@ can be regenerated alone, bit for bit, without the others:
   blended in with a random brightness (150-255) at a random position; digits never overlap;
 * each box is tight around the digit's ink (the pixels where the enlarged digit's opacity is
   >= 0.25), not around the pasted square: (xmin, ymin, xmax, ymax) in pixel edges;
+* with ``augment`` (the train split of issue 21's generalisation lever), each digit's enlarged
+  opacity is first distorted by a random affine map about its centre (:func:`distort`:
+  rotation, shear and aspect, the affine distortions of Simard et al. 2003, Sec. 2), so that the
+  detector sees more shapes than the 1,149 training digits; the boxes are measured after it;
 * the digits come from disjoint pools: ``test`` canvases only from the 360 held-out test digits
   of :func:`models.datasets.load_digits_splits` (the ViT's test digits), ``val`` and ``train``
   from a stratified split of the remaining 1,437.
@@ -44,6 +48,9 @@ DIGIT_SIZE = (12, 32)  # side of the pasted square, inclusive
 MAX_OBJECTS = 5
 INK_OPACITY = 0.25  # an enlarged digit's pixels at or above this opacity are ink
 PLACEMENT_TRIES = 50
+# ``augment``'s affine distortion of a digit: rotation (degrees), shear and aspect, each drawn
+# uniformly from +-these (aspect: width x (1 + a), height / (1 + a)).
+DISTORTION = {"rotation": 15.0, "shear": 0.2, "aspect": 0.15}
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,36 @@ def _opacity(values: np.ndarray, side: int) -> np.ndarray:
     return np.clip(np.asarray(enlarged, dtype=np.float32), 0.0, 1.0)
 
 
+def distort(alpha: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A random affine distortion of a digit's opacity about its centre, same size (:data:`DISTORTION`).
+
+    Rotation, shear and aspect change drawn from ``rng`` (Simard, Steinkraus & Platt 2003,
+    "Best practices for convolutional neural networks applied to visual document analysis",
+    Sec. 2: affine distortions of handwritten digits); bilinear, ink moved past the square's
+    edges is cut.
+
+    Args:
+        alpha: float32 (side, side) opacity in [0, 1].
+
+    Returns:
+        float32 (side, side) in [0, 1].
+    """
+    side = alpha.shape[0]
+    angle = np.deg2rad(rng.uniform(-DISTORTION["rotation"], DISTORTION["rotation"]))
+    shear = rng.uniform(-DISTORTION["shear"], DISTORTION["shear"])
+    aspect = 1.0 + rng.uniform(-DISTORTION["aspect"], DISTORTION["aspect"])
+    cos, sin = np.cos(angle), np.sin(angle)
+    forward = np.array([[cos, -sin], [sin, cos]]) @ np.array([[1.0, shear], [0.0, 1.0]]) @ np.diag([aspect, 1 / aspect])
+    inverse = np.linalg.inv(forward)  # Pillow maps each output pixel (x, y) back to the input
+    centre = np.array([side / 2, side / 2])
+    offset = centre - inverse @ centre
+    coefficients = (inverse[0, 0], inverse[0, 1], offset[0], inverse[1, 0], inverse[1, 1], offset[1])
+    image = Image.fromarray(alpha).transform(
+        (side, side), Image.Transform.AFFINE, coefficients, Image.Resampling.BILINEAR
+    )
+    return np.clip(np.asarray(image, dtype=np.float32), 0.0, 1.0)
+
+
 def ink_box(alpha: np.ndarray) -> tuple[int, int, int, int]:
     """The box (xmin, ymin, xmax, ymax), in pixel edges, around the pixels of opacity >= ``INK_OPACITY``.
 
@@ -108,8 +145,12 @@ def _background(rng: np.random.Generator, height: int, width: int) -> np.ndarray
     return level + ramp + rng.normal(0, rng.uniform(3, 15), size=(height, width))
 
 
-def make_canvas(split: str, index: int, seed: int = SEED) -> Canvas:
-    """Generate canvas ``index`` of ``split``, deterministically from ``(seed, split, index)``."""
+def make_canvas(split: str, index: int, seed: int = SEED, augment: bool = False) -> Canvas:
+    """Generate canvas ``index`` of ``split``, deterministically from ``(seed, split, index)``.
+
+    ``augment`` distorts each digit first (:func:`distort`); without it the canvas is the same,
+    bit for bit, as before the option existed.
+    """
     rng = np.random.default_rng((seed, _SPLIT_IDS[split], index))
     pool_values, pool_labels = digit_pools()[split]
     height, width = (int(v) for v in rng.integers(CANVAS_SIZE[0], CANVAS_SIZE[1] + 1, size=2))
@@ -122,6 +163,10 @@ def make_canvas(split: str, index: int, seed: int = SEED) -> Canvas:
             x0, y0 = int(rng.integers(0, width - side + 1)), int(rng.integers(0, height - side + 1))
             digit = int(rng.integers(len(pool_labels)))
             alpha = _opacity(pool_values[digit], side)  # (side, side)
+            if augment:
+                alpha = distort(alpha, rng)
+                if not (alpha >= INK_OPACITY).any():  # distorted out of its square: draw again
+                    continue
             left, top, right, bottom = ink_box(alpha)
             box = (x0 + left, y0 + top, x0 + right, y0 + bottom)
             # Keep a 2 px gap from every other digit's ink box, so no box holds another's ink.
@@ -160,9 +205,9 @@ def digit_crops(split: str, count: int, rng: np.random.Generator, size: int = 64
     return crops, labels
 
 
-def make_split(split: str, count: int | None = None, seed: int = SEED) -> list[Canvas]:
-    """The first ``count`` canvases (default: all ``SPLIT_SIZES[split]``) of ``split``."""
-    return [make_canvas(split, i, seed) for i in range(SPLIT_SIZES[split] if count is None else count)]
+def make_split(split: str, count: int | None = None, seed: int = SEED, augment: bool = False) -> list[Canvas]:
+    """The first ``count`` canvases (default: all ``SPLIT_SIZES[split]``) of ``split``; ``augment``: :func:`distort`."""
+    return [make_canvas(split, i, seed, augment) for i in range(SPLIT_SIZES[split] if count is None else count)]
 
 
 def coco_categories() -> list[dict[str, Any]]:
@@ -208,13 +253,14 @@ def write_split(canvases: list[Canvas], out: Path, split: str, info: dict[str, A
     return path
 
 
-def _fingerprint(split: str, count: int, seed: int) -> dict[str, Any]:
+def _fingerprint(split: str, count: int, seed: int, augment: bool = False) -> dict[str, Any]:
     return {
         "generator": "models.detection_data",
         "version": GENERATOR_VERSION,
         "split": split,
         "count": count,
         "seed": seed,
+        **({"augment": DISTORTION} if augment else {}),  # absent without: earlier caches stay valid
     }
 
 
@@ -235,14 +281,16 @@ def read_split(root: Path, split: str) -> tuple[list[Canvas], dict[str, Any]]:
     return canvases, coco
 
 
-def load_split(split: str, root: Path | None = None, count: int | None = None, seed: int = SEED) -> list[Canvas]:
+def load_split(
+    split: str, root: Path | None = None, count: int | None = None, seed: int = SEED, augment: bool = False
+) -> list[Canvas]:
     """A split's canvases, read from ``root`` when it holds this exact split, else generated.
 
     With ``root``, a freshly generated split is also written there (so the next call reads
-    it); a split written by another version of this generator or seed is regenerated.
+    it); a split written by another version of this generator, seed or ``augment`` is regenerated.
     """
     count = SPLIT_SIZES[split] if count is None else count
-    fingerprint = _fingerprint(split, count, seed)
+    fingerprint = _fingerprint(split, count, seed, augment)
     path = root / "annotations" / f"{split}.json" if root else None
     if root is not None and path is not None and path.exists():
         try:
@@ -251,7 +299,7 @@ def load_split(split: str, root: Path | None = None, count: int | None = None, s
             coco = {}
         if coco.get("info") == fingerprint:
             return canvases
-    canvases = make_split(split, count, seed)
+    canvases = make_split(split, count, seed, augment)
     if root is not None:
         write_split(canvases, root, split, info=fingerprint)
     return canvases

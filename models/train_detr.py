@@ -205,6 +205,8 @@ def train(
     inputs: str = "letterbox",
     sitting_steps: int | None = None,
     recipe: str | None = None,
+    init: Path | None = None,
+    augment_digits: bool = False,
 ) -> dict[str, Any]:
     """Train, evaluate on the test split, and write the checkpoint, metrics and curves.
 
@@ -226,6 +228,12 @@ def train(
         sitting_steps: stop after this many steps of this call (``last.pt`` written; resume later).
         recipe: the command recorded as the checkpoint's recipe (default: this process's
             ``python -m models.train_detr`` arguments).
+        init: a ``last.pt`` of this script (same recipe) whose weights this run starts from,
+            with a fresh optimizer and schedule and no backbone pretraining: a fine-tune, e.g.
+            at the dropped rate on other canvases. With ``resume`` too (the same flags in a
+            later sitting) the resumed ``last.pt`` wins.
+        augment_digits: distort the train canvases' digits (:func:`models.detection_data.distort`;
+            cached apart from the plain ones under ``data``); val and test stay as they are.
 
     Returns:
         The metrics written to ``metrics.json``; after a sitting that stopped before ``steps``,
@@ -237,12 +245,21 @@ def train(
     if {"class_head", "num_groups"} & set(overrides or {}):
         raise ValueError("set the class head and the query groups with --class-loss and --groups, not --set")
     sizes = {**SPLIT_SIZES, **(split_sizes or {})}
-    splits = {split: load_split(split, data, sizes[split]) for split in ("train", "val", "test")}
+    splits = {
+        split: load_split(split, data, sizes[split], augment=augment_digits and split == "train")
+        for split in ("train", "val", "test")
+    }
     train_set = input_format.prepare(splits["train"])
 
     model = build(CONFIG, **{**(overrides or {}), "class_head": form.head, "num_groups": groups})
-    pretrained = {}
-    if pretrain_steps and resume is None:
+    pretrained: dict[str, Any] = {}
+    started_from: dict[str, Any] = {}
+    if init is not None and resume is None:  # resumed, the run's own last.pt holds where it started
+        earlier = torch.load(init, map_location="cpu", weights_only=False)
+        model.load_state_dict(earlier["state_dict"])
+        pretrained = earlier.get("pretrained", {})
+        started_from = {"initialised_from": str(init), "initial_step": earlier["step"]}
+    if pretrain_steps and resume is None and init is None:
         pretrained = pretrain_backbone(model.backbone, steps=pretrain_steps, seed=seed, quiet=quiet)
         if not quiet:
             print(f"backbone pretrained: val accuracy {pretrained['pretrain_val_accuracy']:.4f}", file=sys.stderr)
@@ -273,6 +290,7 @@ def train(
         generator.set_state(state["generator"])
         step, elapsed, cpu_elapsed = state["step"], state["seconds"], state["cpu_seconds"]
         history = {**{name: [] for name in series}, **state["history"]}  # a last.pt from before a series existed
+        started_from = state.get("started_from", {})
 
     def save_last() -> None:
         torch.save(
@@ -286,6 +304,7 @@ def train(
                 "seconds": elapsed + time.perf_counter() - started,
                 "cpu_seconds": cpu_elapsed + time.process_time() - cpu_started,
                 "pretrained": pretrained,
+                "started_from": started_from,
             },
             out / "last.pt",
         )
@@ -357,6 +376,8 @@ def train(
         "groups": groups,
         "inputs": inputs,
         "config_overrides": dict(overrides or {}),
+        **({"augment_digits": True} if augment_digits else {}),
+        **started_from,
     }
     save_checkpoint(for_inference(model), out / "checkpoint.pt", metrics, sizes, input_format, form.postprocess, recipe)
     write_json(metrics, out / "metrics.json")
@@ -429,6 +450,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", dest="overrides", nargs="*", default=[], metavar="FIELD=VALUE", help="DETRConfig")
     parser.add_argument("--inputs", choices=sorted(INPUT_FORMATS), default="letterbox")
     parser.add_argument("--sitting-steps", type=int, default=None, help="stop after this many steps of this call")
+    parser.add_argument("--init", type=Path, default=None, help="a last.pt whose weights to start from (fine-tune)")
+    parser.add_argument("--augment-digits", action="store_true", help="distort the train canvases' digits")
     args = parser.parse_args(argv)
     from models.detr import parse_overrides
 
@@ -452,6 +475,8 @@ def main(argv: list[str] | None = None) -> None:
         overrides=parse_overrides(args.overrides),
         inputs=args.inputs,
         sitting_steps=args.sitting_steps,
+        init=args.init,
+        augment_digits=args.augment_digits,
     )
     if "test_AP" not in metrics:
         print(f"stopped at step {metrics['step']} of {metrics['steps']}; continue with --resume {args.out / 'last.pt'}")

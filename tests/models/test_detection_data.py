@@ -12,9 +12,11 @@ from models.datasets import digits_to_pixels, load_digits_splits
 from models.detection_data import (
     CANVAS_SIZE,
     DIGIT_SIZE,
+    INK_OPACITY,
     MAX_OBJECTS,
     digit_crops,
     digit_pools,
+    distort,
     ink_box,
     load_split,
     make_canvas,
@@ -113,3 +115,32 @@ def test_pretraining_crops_come_from_the_pool_asked_for() -> None:
     assert set(labels.tolist()) <= set(range(10)) and len(set(labels.tolist())) > 3
     again, _ = digit_crops("train", 20, np.random.default_rng(0))
     assert np.array_equal(crops, again)
+
+
+def test_augmented_digits_are_distorted_and_boxed_after_the_distortion() -> None:
+    plain, augmented = make_canvas("train", 11), make_canvas("train", 11, augment=True)
+    assert not np.array_equal(plain.image, augmented.image)
+    assert np.array_equal(make_canvas("train", 11, augment=True).image, augmented.image)  # deterministic
+    # Without augment, nothing changed: the same draws, the same canvas as make_split's.
+    assert np.array_equal(plain.image, make_split("train", 12)[11].image)
+    side = 24
+    alpha = np.zeros((side, side), np.float32)
+    alpha[4:20, 10:14] = 1.0  # an upright bar
+    rng = np.random.default_rng(3)
+    moved = [distort(alpha, rng) for _ in range(20)]
+    assert all(m.shape == alpha.shape and m.dtype == np.float32 and m.min() >= 0 and m.max() <= 1 for m in moved)
+    assert len({ink_box(m) for m in moved}) > 5  # rotated, sheared, stretched: other boxes
+    with_ink = 0
+    for canvas in make_split("train", 30, augment=True):  # the boxes still hold the bright ink tightly
+        for x0, y0, x1, y1 in canvas.boxes.astype(int):
+            window = canvas.image[y0:y1, x0:x1].astype(float)
+            assert window.max() >= 150 * INK_OPACITY  # ink blended at 150-255 brightness
+            with_ink += 1
+    assert with_ink >= 30
+
+
+def test_an_augmented_split_is_cached_apart_from_the_plain_one(tmp_path) -> None:
+    augmented = load_split("train", tmp_path, 3, augment=True)
+    assert load_split("train", tmp_path, 3, augment=True)[2].image.tobytes() == augmented[2].image.tobytes()
+    plain = load_split("train", tmp_path, 3)  # the cache holds the augmented split: regenerated
+    assert np.array_equal(plain[2].image, make_canvas("train", 2).image)

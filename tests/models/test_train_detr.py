@@ -151,3 +151,26 @@ def test_a_schedule_longer_than_a_sitting_resumes_to_the_same_end(tmp_path) -> N
 def test_groups_and_class_loss_are_not_set_through_overrides(tmp_path) -> None:
     with pytest.raises(ValueError, match="--groups"):
         train(tmp_path, **TINY, overrides={"num_groups": 3}, quiet=True)
+
+
+@pytest.mark.slow
+def test_a_fine_tune_starts_from_a_runs_weights_on_augmented_canvases(tmp_path) -> None:
+    options = {**TINY, "steps": 2, "split_sizes": SIZES, "pretrain_steps": 0, "quiet": True}
+    train(tmp_path / "first", **options)
+    first = torch.load(tmp_path / "first" / "last.pt", weights_only=False)["state_dict"]
+    out, other_seed = tmp_path / "tuned", {**options, "seed": 1}  # its own initial weights would differ
+    stopped = train(out, **other_seed, init=tmp_path / "first" / "last.pt", augment_digits=True, sitting_steps=1)
+    assert stopped == {"step": 1, "steps": 2}
+    resumed = train(
+        out, **other_seed, init=tmp_path / "first" / "last.pt", augment_digits=True, resume=out / "last.pt"
+    )  # the same flags in a later sitting: the run's own last.pt wins
+    assert resumed["initialised_from"] == str(tmp_path / "first" / "last.pt") and resumed["initial_step"] == 2
+    assert resumed["augment_digits"] is True and resumed["steps"] == 2
+    tuned = torch.load(out / "last.pt", weights_only=False)
+    assert tuned["step"] == 2 and len(tuned["history"]["train loss"]) == 2  # its own steps, not the first run's
+    # Two small steps from the first run's weights stay near them; the same seed from scratch is far.
+    train(tmp_path / "scratch", **other_seed)
+    scratch = torch.load(tmp_path / "scratch" / "last.pt", weights_only=False)["state_dict"]
+    name = "query_embed.weight"
+    near = (tuned["state_dict"][name] - first[name]).abs().max()
+    assert 0 < near < 0.01 < (scratch[name] - first[name]).abs().max()
