@@ -290,7 +290,7 @@ def write_summary(docs: Path) -> dict[str, Any]:
         "recipes": {n: {"options": RECIPES[n], **{k: m[k] for k in REPORTED}} for n, m in results.items()},
     }
     docs.mkdir(parents=True, exist_ok=True)
-    (docs / "results.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (docs / "results.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
     pending = [n for n in RECIPES if n not in results]
     text = table(results)
     if pending:

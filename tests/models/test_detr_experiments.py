@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from models.detr_experiments import RECIPES, choose, main, table, train_flags
+from models.detr_experiments import RECIPES, REPORTED, choose, main, table, train_flags
 
 
 def _metrics(duplicates: float, ap: float) -> dict:
@@ -83,3 +83,17 @@ def test_step_seconds_times_full_batches_of_a_recipe() -> None:
 
     timing = step_seconds("group11", steps=1, warmup=0, canvases=24, batch_size=4)
     assert timing["cpu_seconds"] > 0 and timing["wall_seconds"] > 0
+
+
+def test_the_summary_writes_a_recipe_whose_options_hold_paths(tmp_path) -> None:
+    # v2-augmented-digits-ft's options name files (--init, --data): the summary crashed on them once.
+    from models.detr_experiments import write_summary
+
+    shown = tmp_path / "v2-augmented-digits-ft"
+    shown.mkdir()
+    metrics = {k: 0.5 for k in REPORTED} | {"steps": 4000, "train_cpu_seconds": 100.0}
+    (shown / "metrics.json").write_text(json.dumps(metrics))
+    write_summary(tmp_path)
+    written = json.loads((tmp_path / "results.json").read_text())
+    options = written["recipes"]["v2-augmented-digits-ft"]["options"]
+    assert options["init"].endswith("last.pt") and options["augment_digits"] is True
