@@ -103,6 +103,9 @@ class Settings(BaseSettings):
         16_384, ge=1, description="Strips or tiles of a TIFF (413); libtiff writes one per 8 KiB, 2,560 for 20 MiB."
     )
     max_tiff_tags: int = Field(1024, ge=16, description="Entries of one TIFF IFD (413); encoders write ~10-60.")
+    max_tiff_values: int = Field(
+        1 << 20, ge=1024, description="Numbers in a TIFF's tag values, a rational counting 16 (413)."
+    )
     max_image_metadata_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,

@@ -20,10 +20,11 @@ from __future__ import annotations
 import dataclasses
 import io
 import logging
+import os
 import warnings
 from dataclasses import dataclass
 
-from PIL import Image, PngImagePlugin
+from PIL import Image, PngImagePlugin, TiffImagePlugin
 
 from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
 from service.imaging import modes
@@ -244,6 +245,12 @@ def open_image(
     # Pillow's PNG plugin refuses an ICC profile or text chunk inflating past MAX_TEXT_CHUNK
     # (1 MiB by default, so a valid 2 MB profile was "corrupt"): ours is the metadata limit.
     PngImagePlugin.MAX_TEXT_CHUNK = PngImagePlugin.MAX_TEXT_MEMORY = limits.max_metadata_bytes
+    # An uncompressed TIFF read by libtiff, as a compressed one is, not by Pillow's raw decoder,
+    # which reads strips in Python and re-reads overlapping or surplus ones (two strips one byte
+    # apart: 5.5 s for 19 MiB); and a JPEG-in-TIFF strip's scans capped as a JPEG's are
+    # (libtiff's own default is 100; service/imaging/prescan_tiff.py).
+    TiffImagePlugin.READ_LIBTIFF = True
+    os.environ["LIBTIFF_JPEG_MAX_ALLOWED_SCAN_NUMBER"] = str(limits.max_jpeg_scans)
     # The backstop for Pillow's nested checks (see the top of this module): it raises above
     # 2 * MAX_IMAGE_PIXELS >= max_pixels. A process serves one limit, so this never flips.
     Image.MAX_IMAGE_PIXELS = (max_pixels + 1) // 2

@@ -41,11 +41,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from service.core.errors import PayloadTooLarge
+from service.imaging.prescan_tiff import TIFF_SIGNATURES, scan_tiff
 
 JPEG_SOI = b"\xff\xd8"
 GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-TIFF_SIGNATURES = (b"II*\x00", b"MM\x00*", b"II+\x00", b"MM\x00+")  # classic, BigTIFF (the 43)
 
 # T.81 Table B.1: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC); progressive: 2, 6, 10, 14.
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
@@ -77,8 +77,10 @@ class PrescanLimits:
             (a 2 MB ICC profile in 255-byte sub-blocks is 8,000).
         max_tiff_strips: strips or tiles of a TIFF (the count of StripOffsets, TileOffsets or
             their byte counts in the first IFD); Pillow makes one Python tile per strip.
-        max_tiff_tags: entries of one TIFF IFD (the first, and its EXIF and GPS IFDs, which
-            Pillow reads for the orientation).
+        max_tiff_tags: entries of one TIFF IFD (the first, and its EXIF, GPS and
+            interoperability IFDs, which Pillow reads).
+        max_tiff_values: numbers in a TIFF's tag values outside their entries, which Pillow
+            turns into Python objects: 1 per value, 16 per (signed) rational (its Fraction).
         max_metadata_bytes: bytes of metadata (JPEG APPn and COM segments; PNG chunks other than
             IDAT and fdAT; TIFF tag values stored outside their IFD entry, other than the strip
             and tile arrays; an ICC profile or text after decompression), per image.
@@ -92,10 +94,11 @@ class PrescanLimits:
     max_gif_blocks: int = 20_000
     max_tiff_strips: int = 16_384
     max_tiff_tags: int = 1024
+    max_tiff_values: int = 1 << 20
     max_metadata_bytes: int = 16 * 1024 * 1024
 
 
-def _metadata_too_large(fmt: str, size: str, limit: int) -> PayloadTooLarge:
+def metadata_too_large(fmt: str, size: str, limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(
         f"the {fmt} image's metadata is {size} bytes; the limit is {limit} (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
     )
@@ -179,7 +182,7 @@ def scan_jpeg(data: bytes, limits: PrescanLimits) -> None:
         scans += marker == _SOS
     while segments <= limits.max_jpeg_segments:  # the scans and the segments between them
         if metadata > limits.max_metadata_bytes:
-            raise _metadata_too_large("JPEG", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
+            raise metadata_too_large("JPEG", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
         if scans > limits.max_jpeg_scans:
             raise PayloadTooLarge(
                 f"the JPEG image has more than {limits.max_jpeg_scans} scans (PATCHSERVE_MAX_JPEG_SCANS); encoders "
@@ -241,7 +244,7 @@ def scan_png(data: bytes, limits: PrescanLimits) -> None:
         if kind not in _IMAGE_DATA:
             metadata += min(length, n - pos - 12)  # what the file holds, not what a corrupt length says
             if metadata > limits.max_metadata_bytes:
-                raise _metadata_too_large("PNG", f"at least {metadata}", limits.max_metadata_bytes)
+                raise metadata_too_large("PNG", f"at least {metadata}", limits.max_metadata_bytes)
         if kind == b"IEND":
             return
         pos += 12 + length
@@ -278,79 +281,9 @@ def scan_gif(data: bytes, limits: PrescanLimits) -> None:
                     "(PATCHSERVE_MAX_GIF_BLOCKS): a parser bomb?"
                 )
             if metadata > limits.max_metadata_bytes:
-                raise _metadata_too_large("GIF", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
+                raise metadata_too_large("GIF", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
             if size == 0:  # the block terminator
                 break
-
-
-# TIFF 6.0, Section 2 (and BigTIFF's 16-18): bytes per value of each field type.
-_TIFF_TYPE_SIZES = {
-    **dict.fromkeys((1, 2, 6, 7), 1),  # BYTE, ASCII, SBYTE, UNDEFINED
-    **dict.fromkeys((3, 8), 2),  # SHORT, SSHORT
-    **dict.fromkeys((4, 9, 11, 13), 4),  # LONG, SLONG, FLOAT, IFD
-    **dict.fromkeys((5, 10, 12, 16, 17, 18), 8),  # RATIONAL, SRATIONAL, DOUBLE; BigTIFF's LONG8, SLONG8, IFD8
-}
-_TIFF_STRIP_TAGS = frozenset({273, 279, 324, 325})  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
-_TIFF_SUB_IFDS = frozenset({34665, 34853})  # the EXIF and GPS IFD pointers
-
-
-def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
-    """Walk a TIFF's first IFD (TIFF 6.0, Section 2; BigTIFF) and refuse a structure bomb.
-
-    The first IFD is the image Pillow opens; its EXIF and GPS IFDs (one level down, each once)
-    are what Pillow parses for the orientation. Each IFD's entries are counted, the strip or tile
-    count read from the entries' counts, and the values stored outside their entry summed as
-    metadata (up to what the file holds: Pillow skips the rest). Stops at the end of the data or
-    an offset outside it (corrupt: Pillow says so), or at the first limit exceeded. Later IFDs
-    (pages) are not read: the first frame is decoded.
-
-    Raises:
-        PayloadTooLarge: more entries in an IFD than ``limits.max_tiff_tags``, more strips or
-            tiles than ``limits.max_tiff_strips``, or more metadata bytes than
-            ``limits.max_metadata_bytes`` (413).
-    """
-    n = len(data)
-    order = "<" if data[:2] == b"II" else ">"
-    big = data[2:4] in (b"+\x00", b"\x00+")
-    if big:
-        count_fmt, entry_fmt, entry_size, inline = "Q", "HHQQ", 20, 8
-        pointer = 8
-    else:
-        count_fmt, entry_fmt, entry_size, inline = "H", "HHII", 12, 4
-        pointer = 4
-    if n < pointer + (8 if big else 4):
-        return
-    (first,) = struct.unpack_from(order + ("Q" if big else "I"), data, pointer)
-    pending, seen, metadata = [(first, True)], set(), 0
-    while pending:
-        offset, is_image = pending.pop()
-        if offset in seen or offset + struct.calcsize(count_fmt) > n:
-            continue
-        seen.add(offset)
-        (entries,) = struct.unpack_from(order + count_fmt, data, offset)
-        if entries > limits.max_tiff_tags:
-            raise PayloadTooLarge(
-                f"the TIFF image has an IFD of {entries} entries, more than {limits.max_tiff_tags} "
-                "(PATCHSERVE_MAX_TIFF_TAGS); encoders write about 10-60: a parser bomb?"
-            )
-        position = offset + struct.calcsize(count_fmt)
-        for _ in range(min(entries, (n - position) // entry_size)):
-            tag, kind, count, value = struct.unpack_from(order + entry_fmt, data, position)
-            position += entry_size
-            if is_image and tag in _TIFF_STRIP_TAGS:
-                if count > limits.max_tiff_strips:
-                    raise PayloadTooLarge(
-                        f"the TIFF image has {count} strips or tiles, more than {limits.max_tiff_strips} "
-                        "(PATCHSERVE_MAX_TIFF_STRIPS); libtiff writes one per 8 KiB: a parser bomb?"
-                    )
-                continue
-            if is_image and tag in _TIFF_SUB_IFDS and count == 1:
-                pending.append((value, False))
-            size = count * _TIFF_TYPE_SIZES.get(kind, 0)
-            if size > inline and value < n:
-                metadata += min(size, n - value)
-                if metadata > limits.max_metadata_bytes:
-                    raise _metadata_too_large("TIFF", f"at least {metadata}", limits.max_metadata_bytes)
 
 
 # Each container the pre-scan walks: its leading bytes and its scanner (a new one is one row here).

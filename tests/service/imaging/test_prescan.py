@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, TiffImagePlugin
 
-from service.core.errors import PayloadTooLarge
+from service.core.errors import InvalidImage, PayloadTooLarge
 from service.core.settings import Settings
 from service.http.app import decode_limits
 from service.imaging.images import decode_image
@@ -88,6 +88,10 @@ def _tiff(entries: list[tuple[int, int, int, int]], blob: bytes = b"", *, big: b
     head = 16
     ifd = head + len(blob)
     fixed = [(tag, kind, count, head - value if value < 0 else value) for tag, kind, count, value in entries]
+    if order == ">":  # a big-endian SHORT or BYTE held in its entry sits in the field's first bytes
+        width = 8 if big else 4
+        small = {1: 1, 3: 2, 6: 1, 7: 1, 8: 2}
+        fixed = [(t, k, c, v << 8 * (width - small[k]) if c == 1 and k in small else v) for t, k, c, v in fixed]
     if big:
         header = (b"II" if order == "<" else b"MM") + struct.pack(order + "HHHQ", 43, 8, 0, ifd)
         table = struct.pack(order + "Q", len(fixed)) + b"".join(struct.pack(order + "HHQQ", *e) for e in fixed)
@@ -114,14 +118,14 @@ def _grey_tiff_entries(width: int, height: int, rows_per_strip: int, strips: int
     ]
 
 
-def tiff_strip_bomb(height: int = 1_800_000) -> bytes:
+def tiff_strip_bomb(height: int = 1_800_000, order: str = "<") -> bytes:
     """An uncompressed 1 x ``height`` grey TIFF, one row (one byte) per strip: with 1.8 million
     strips (16 MB), 6.9 s and +630 MiB in Pillow (a fresh-user session's find)."""
     pixels = (np.arange(height) % 256).astype(np.uint8).tobytes()
-    offsets = struct.pack(f"<{height}I", *range(16, 16 + height))
-    counts = struct.pack(f"<{height}I", *([1] * height))
+    offsets = struct.pack(f"{order}{height}I", *range(16, 16 + height))
+    counts = struct.pack(f"{order}{height}I", *([1] * height))
     entries = _grey_tiff_entries(1, height, 1, height, -len(pixels), -(len(pixels) + len(offsets)))
-    return _tiff(entries, pixels + offsets + counts)
+    return _tiff(entries, pixels + offsets + counts, order=order)
 
 
 def _tiff_8x8(extra: list[tuple[int, int, int, int]] = [], blob: bytes = b"", **options) -> bytes:  # noqa: B006
@@ -241,16 +245,21 @@ def test_the_scan_bomb_is_what_the_issue_describes(bombs, monkeypatch) -> None:
         assert image.size == (6000, 6000) and image.info.get("progressive") == 1
 
 
-def test_the_tiff_bombs_are_valid_files_whose_cost_alone_is_hostile() -> None:
-    # The strip bomb's structure, smaller: Pillow decodes it, one tile per strip, and the
-    # pre-scan lets it through under a limit raised above its strips.
+def test_the_tiff_bombs_are_valid_files_whose_cost_alone_is_hostile(monkeypatch) -> None:
+    # The strip bomb's structure, smaller: Pillow's raw decoder makes one tile per strip; the
+    # server has libtiff read it (decode_image sets READ_LIBTIFF), and the pre-scan lets it
+    # through under a limit raised above its strips.
     data = tiff_strip_bomb(height=20_000)
     with pytest.raises(PayloadTooLarge, match="20000 strips"):
         prescan(data, LIMITS)
     prescan(data, PrescanLimits(max_tiff_strips=20_000))
+    monkeypatch.setattr(TiffImagePlugin, "READ_LIBTIFF", False)
     with Image.open(io.BytesIO(data)) as image:
         assert len(image.tile) == 20_000
         assert np.array_equal(np.asarray(image).ravel(), np.arange(20_000) % 256)
+    decoded = decode_image(data, color_mode="L", max_pixels=10**6, limits=PrescanLimits(max_tiff_strips=20_000))
+    assert TiffImagePlugin.READ_LIBTIFF is True
+    assert np.array_equal(np.asarray(decoded.image).ravel(), np.arange(20_000) % 256)
     with Image.open(io.BytesIO(tiff_tag_bomb())) as image:
         assert len(image.tag_v2) >= 65_000 - len(_KNOWN)  # each parsed: the cost the cap bounds
     with Image.open(io.BytesIO(tiff_exif_bomb())) as image:
@@ -376,3 +385,119 @@ def test_every_prescan_limit_is_a_setting() -> None:
     values = {setting: 100_000 + i for i, setting in enumerate(names.values())}
     limits = decode_limits(Settings(**values)).prescan
     assert dataclasses.asdict(limits) == {field: values[setting] for field, setting in names.items()}
+
+
+# A reviewer's ways past the first TIFF pre-scan (2026-12-05), each 4-20 s or +0.4-1.4 GiB at 20 MiB.
+def _sub_ifd(entries: int, at: int) -> bytes:
+    """An IFD of ``entries`` private SHORT entries, written at offset ``at`` (little-endian)."""
+    del at
+    return (
+        struct.pack("<H", entries) + b"".join(struct.pack("<HHII", t, 3, 1, 1) for t in _PRIVATE[:entries]) + bytes(4)
+    )
+
+
+def _with_exif_pointer(kind: int, count: int, value_field: int, blob: bytes) -> bytes:
+    return _tiff_8x8([(34665, kind, count, value_field)], blob)
+
+
+BLOB = 16 + 64  # where _tiff_8x8's blob starts
+
+
+@pytest.mark.parametrize(
+    ("name", "build"),
+    [
+        # Pillow takes a SHORT pointer's first two bytes and ignores the junk beside them.
+        ("short pointer with junk", lambda: _with_exif_pointer(3, 1, BLOB | (0xBEEF << 16), _sub_ifd(65_000, BLOB))),
+        # A count-2 LONG: out of line, Pillow takes the first value.
+        (
+            "count-2 long pointer",
+            lambda: _with_exif_pointer(4, 2, BLOB, struct.pack("<II", BLOB + 8, 0) + _sub_ifd(65_000, BLOB + 8)),
+        ),
+        # A LONG8 in a classic TIFF: 8 bytes, out of line.
+        ("long8 pointer", lambda: _with_exif_pointer(16, 1, BLOB, struct.pack("<Q", BLOB + 8) + _sub_ifd(65_000, 0))),
+    ],
+)
+def test_an_exif_pointer_is_read_as_pillow_reads_it(name: str, build) -> None:
+    data = build()
+    with Image.open(io.BytesIO(data)) as image:  # Pillow finds the hidden IFD
+        assert len(image.getexif().get_ifd(0x8769)) == 65_000, name
+    with pytest.raises(PayloadTooLarge, match="IFD of 65000 entries"):
+        prescan(data, LIMITS)
+
+
+def test_tiff_headers_are_read_as_pillow_reads_them() -> None:
+    little = bytearray(tiff_strip_bomb(height=20_000))
+    little[2:4] = b"\x00\x2a"  # II\0*: one of Pillow's PREFIXES
+    swapped = bytearray(tiff_strip_bomb(height=20_000, order=">"))
+    swapped[2:4] = b"\x2a\x00"  # MM*\0: another
+    for data in (bytes(little), bytes(swapped)):
+        with Image.open(io.BytesIO(data)) as image:
+            assert image.size == (1, 20_000)
+        with pytest.raises(PayloadTooLarge, match="20000 strips"):
+            prescan(data, LIMITS)
+    # MM\0+: Pillow tests byte 2 for 43, so it reads a big-endian BigTIFF as a classic TIFF
+    # (a bomb laid out as one opens); refused whole, as Pillow cannot read a real one.
+    big_endian = bytearray(tiff_strip_bomb(height=20_000, order=">"))
+    big_endian[3] = 0x2B
+    with Image.open(io.BytesIO(bytes(big_endian))) as image:
+        assert image.size == (1, 20_000)
+    with pytest.raises(InvalidImage, match="big-endian BigTIFF"):
+        prescan(bytes(big_endian), LIMITS)
+
+
+def test_an_ifd_pointed_to_twice_is_refused() -> None:
+    sub = _sub_ifd(3, BLOB)
+    shared = _tiff_8x8([(34665, 4, 1, BLOB), (34853, 4, 1, BLOB)], sub)
+    with pytest.raises(PayloadTooLarge, match="GPS IFD is one it has already pointed to"):
+        prescan(shared, LIMITS)
+    first = struct.unpack_from("<I", _tiff_8x8(), 4)[0]
+    looped = _tiff_8x8([(34665, 4, 1, first)])  # the EXIF pointer back at the first IFD
+    looped = looped[:4] + struct.pack("<I", struct.unpack_from("<I", looped, 4)[0]) + looped[8:]
+    exif_at = struct.unpack_from("<I", looped, 4)[0]
+    looped = _tiff_8x8([(34665, 4, 1, exif_at)])
+    with pytest.raises(PayloadTooLarge, match="EXIF IFD is one it has already pointed to"):
+        prescan(looped, LIMITS)
+    prescan(_tiff_8x8([(34665, 4, 1, BLOB)], sub), LIMITS)  # pointed to once: fine
+
+
+def test_numbers_pillow_makes_objects_of_are_counted() -> None:
+    rationals = _tiff_8x8([(282, 5, 70_000, BLOB)], bytes(8 * 70_000))  # XResolution: a Fraction each
+    with pytest.raises(PayloadTooLarge, match="more than 1048576 numbers"):
+        prescan(rationals, LIMITS)
+    prescan(_tiff_8x8([(282, 5, 60_000, BLOB)], bytes(8 * 60_000)), LIMITS)  # 960,000: under
+    colour_map = _tiff_8x8([(320, 3, 3 * 65_536, BLOB)], bytes(2 * 3 * 65_536))  # a 16-bit palette's
+    prescan(colour_map, LIMITS)
+    xmp = _tiff_8x8([(700, 7, 1_000_000, BLOB)], bytes(1_000_000))  # bytes stay bytes
+    prescan(xmp, LIMITS)
+
+
+def test_the_interoperability_ifd_is_walked_from_the_exif_ifd() -> None:
+    interop_at = BLOB + 18  # after a one-entry EXIF IFD (2 + 12 + 4 bytes)
+    exif = struct.pack("<H", 1) + struct.pack("<HHII", 40965, 4, 1, interop_at) + bytes(4)
+    data = _tiff_8x8([(34665, 4, 1, BLOB)], exif + _sub_ifd(65_000, interop_at))
+    with pytest.raises(PayloadTooLarge, match="IFD of 65000 entries"):
+        prescan(data, LIMITS)
+
+
+def test_a_jpeg_in_tiff_strip_has_its_scans_capped_by_libtiff() -> None:
+    # A progressive JPEG strip whose last scan is repeated: libtiff's own cap is 100 scans; the
+    # server sets it to the JPEG scan limit (64), so 80 scans are refused as a broken file (415).
+    def strip(repeats: int) -> bytes:
+        jpeg = _jpeg((64, 64), progressive=True, quality=90)
+        scans = [start for marker, start, _ in _segments(jpeg) if marker == 0xDA]
+        end = jpeg.rindex(b"\xff\xd9")
+        return jpeg[:end] + jpeg[scans[-1] : end] * repeats + jpeg[end:]
+
+    def tiff(jpeg: bytes) -> bytes:
+        entries = [
+            (256, 4, 1, 64), (257, 4, 1, 64), (258, 3, 3, BLOB), (259, 3, 1, 7), (262, 3, 1, 6),
+            (273, 4, 1, BLOB + 6), (277, 3, 1, 3), (278, 4, 1, 64), (279, 4, 1, len(jpeg)), (284, 3, 1, 1),
+            (530, 3, 2, 2 | (2 << 16)),
+        ]  # fmt: skip
+        return _tiff(entries, bytes(64) + struct.pack("<HHH", 8, 8, 8) + jpeg)
+
+    assert count_scans(strip(70)) == 80
+    ok = decode_image(tiff(strip(0)), color_mode="RGB", max_pixels=10**6)
+    assert ok.image.size == (64, 64)
+    with pytest.raises(InvalidImage):
+        decode_image(tiff(strip(70)), color_mode="RGB", max_pixels=10**6)

@@ -1,0 +1,159 @@
+"""Pre-scanning a TIFF (TIFF 6.0, Section 2; BigTIFF) before Pillow opens it: structure bombs refused.
+
+A TIFF is not bounded by its format: one IFD entry may hold 2^32 values, and Pillow turns what
+it reads into Python objects, one tile per strip of an uncompressed image, one object per value
+of the tags it decodes (a ``Fraction`` per rational). What it reads on open and for the
+orientation: the first IFD, and the EXIF, GPS and interoperability IFDs it points to, once per
+reference. A fresh user's and a reviewer's files, each of at most 20 MiB, that this walk refuses:
+
+* 1.8 million one-byte strips of an uncompressed 1x1,800,000 image: 6.9 s and +630 MiB;
+* 65,000 entries in one IFD, or 60,000 each claiming 2^30 values: 0.2-0.5 s, a warning each;
+* 2 million rationals in XResolution, XMP or an EXIF tag: 4-5 s and +425 MiB;
+* the EXIF, GPS and interoperability pointers all naming one IFD: 14-20 s and up to +1.4 GiB;
+* the EXIF pointer as a SHORT with junk beside it, as a count-2 LONG or as a LONG8, which Pillow
+  reads by its type and first value, or the headers ``II\\0*`` and ``MM*\\0`` Pillow also accepts
+  (a big-endian BigTIFF, which Pillow reads as a classic TIFF, is a 415).
+
+Uncompressed strips whose offsets overlap or outnumber the rows (Pillow's own raw decoder reads
+them in Python) are libtiff's to read (``service.imaging.images`` sets ``READ_LIBTIFF``), and a
+JPEG-compressed strip's scans are capped by libtiff (``LIBTIFF_JPEG_MAX_ALLOWED_SCAN_NUMBER``).
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import TYPE_CHECKING
+
+from service.core.errors import InvalidImage, PayloadTooLarge
+
+if TYPE_CHECKING:
+    from service.imaging.prescan import PrescanLimits
+
+# Pillow's TiffImagePlugin.PREFIXES: it opens all of these; data[2] == 43 is a BigTIFF to it.
+TIFF_SIGNATURES = (b"MM\x00\x2a", b"II\x2a\x00", b"MM\x2a\x00", b"II\x00\x2a", b"MM\x00\x2b", b"II\x2b\x00")
+# Field types (TIFF 6.0 Section 2; BigTIFF's 16-18): struct format of one value.
+_FORMATS = {
+    1: "B", 2: "c", 3: "H", 4: "I", 5: "II", 6: "b", 7: "c", 8: "h", 9: "i", 10: "ii", 11: "f", 12: "d", 13: "I",
+    16: "Q", 17: "q", 18: "Q",
+}  # fmt: skip
+_SIZES = {kind: struct.calcsize("<" + fmt) for kind, fmt in _FORMATS.items()}
+_BYTES = frozenset({1, 2, 7})  # BYTE, ASCII, UNDEFINED: kept as bytes, never numbers
+_RATIONALS = frozenset({5, 10})  # a Fraction each in Pillow: ~16 times an int's cost
+_STRIP_TAGS = frozenset({273, 279, 324, 325})  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
+_EXIF, _GPS, _INTEROP = 34665, 34853, 40965
+
+
+class _Walk:
+    """One TIFF's IFDs walked as Pillow reads them, with the running totals the limits bound."""
+
+    def __init__(self, data: bytes, limits: PrescanLimits) -> None:
+        self.data, self.limits, self.n = data, limits, len(data)
+        self.order = "<" if data[:2] == b"II" else ">"
+        self.big = data[2] == 43  # Pillow's own test
+        self.pointer = "Q" if self.big else "I"
+        self.count, self.entry = ("Q", "HHQ") if self.big else ("H", "HHI")
+        self.entry_size, self.inline = (20, 8) if self.big else (12, 4)
+        self.walked: set[int] = set()
+        self.metadata = self.values = 0
+
+    def first_value(self, kind: int, count: int, position: int) -> int | None:
+        """An entry's first value as Pillow reads it (by its type; out of line when larger than the field)."""
+        fmt = _FORMATS.get(kind)
+        if fmt is None or count < 1 or kind in _BYTES or kind in _RATIONALS or kind in (11, 12):
+            return None
+        field = position + (12 if self.big else 8)
+        at = field
+        if count * _SIZES[kind] > self.inline:
+            (at,) = struct.unpack_from(self.order + self.pointer, self.data, field)
+        if at + _SIZES[kind] > self.n:
+            return None
+        return int(struct.unpack_from(self.order + fmt, self.data, at)[0])
+
+    def ifd(self, offset: int, what: str) -> dict[int, tuple[int, int, int]]:
+        """Walk the IFD at ``offset``: {tag: (type, count, entry position)}, the first of each tag."""
+        header = struct.calcsize(self.order + self.count)
+        if offset < 8 or offset + header > self.n:
+            return {}  # in the file's header or outside the file: none, or corrupt (Pillow says so)
+        if offset in self.walked:
+            raise PayloadTooLarge(
+                f"the TIFF image's {what} IFD is one it has already pointed to; Pillow would decode it again "
+                "for each reference: a parser bomb?"
+            )
+        self.walked.add(offset)
+        (entries,) = struct.unpack_from(self.order + self.count, self.data, offset)
+        if entries > self.limits.max_tiff_tags:
+            raise PayloadTooLarge(
+                f"the TIFF image has an IFD of {entries} entries, more than {self.limits.max_tiff_tags} "
+                "(PATCHSERVE_MAX_TIFF_TAGS); encoders write about 10-60: a parser bomb?"
+            )
+        found: dict[int, tuple[int, int, int]] = {}
+        position = offset + header
+        for _ in range(min(entries, (self.n - position) // self.entry_size)):
+            tag, kind, count = struct.unpack_from(self.order + self.entry, self.data, position)
+            found.setdefault(tag, (kind, count, position))
+            position += self.entry_size
+            if what == "first" and tag in _STRIP_TAGS:
+                if count > self.limits.max_tiff_strips:
+                    raise PayloadTooLarge(
+                        f"the TIFF image has {count} strips or tiles, more than {self.limits.max_tiff_strips} "
+                        "(PATCHSERVE_MAX_TIFF_STRIPS); libtiff writes one per 8 KiB: a parser bomb?"
+                    )
+                continue
+            self._count_values(kind, count, position - self.entry_size)
+        return found
+
+    def _count_values(self, kind: int, count: int, position: int) -> None:
+        size = count * _SIZES.get(kind, 0)
+        if size <= self.inline:
+            return
+        (at,) = struct.unpack_from(self.order + self.pointer, self.data, position + (12 if self.big else 8))
+        held = min(size, max(self.n - at, 0))  # what the file holds: Pillow skips a tag it cannot read
+        self.metadata += held
+        if self.metadata > self.limits.max_metadata_bytes:
+            raise PayloadTooLarge(
+                f"the TIFF image's metadata is at least {self.metadata} bytes; the limit is "
+                f"{self.limits.max_metadata_bytes} (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
+            )
+        if kind not in _BYTES:
+            self.values += held // _SIZES[kind] * (16 if kind in _RATIONALS else 1)
+            if self.values > self.limits.max_tiff_values:
+                raise PayloadTooLarge(
+                    f"the TIFF image's tags hold more than {self.limits.max_tiff_values} numbers "
+                    "(PATCHSERVE_MAX_TIFF_VALUES, a rational counting 16); Pillow makes a Python object of "
+                    "each: a parser bomb?"
+                )
+
+    def pointed(self, entries: dict[int, tuple[int, int, int]], tag: int, what: str) -> dict[int, tuple[int, int, int]]:
+        """The IFD that ``tag`` of ``entries`` points to, walked (empty when there is none)."""
+        if tag not in entries:
+            return {}
+        offset = self.first_value(*entries[tag])
+        return {} if offset is None else self.ifd(offset, what)
+
+
+def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
+    """Walk what Pillow reads of a TIFF and refuse a structure bomb (module docstring).
+
+    The first IFD (the page decoded; later pages and SubIFDs are never read), then the EXIF and GPS
+    IFDs it points to and the interoperability IFD the EXIF IFD points to, each pointer read as
+    Pillow reads it. Stops at the end of the data or an offset outside it (corrupt: Pillow says
+    so), or at the first limit exceeded.
+
+    Raises:
+        InvalidImage: a big-endian BigTIFF, which Pillow misreads (415).
+        PayloadTooLarge: an IFD of more entries than ``limits.max_tiff_tags``; more strips or tiles
+            than ``limits.max_tiff_strips``; out-of-entry values of more bytes than
+            ``limits.max_metadata_bytes`` or more numbers than ``limits.max_tiff_values``; an IFD
+            pointed to twice (413).
+    """
+    if data.startswith(b"MM\x00\x2b"):
+        # Pillow takes it for a classic TIFF (it tests byte 2 for 43) and reads nonsense.
+        raise InvalidImage("big-endian BigTIFF files are not decoded here; send a classic TIFF or another format")
+    walk = _Walk(data, limits)
+    if len(data) < (16 if walk.big else 8):
+        return
+    (first,) = struct.unpack_from(walk.order + walk.pointer, data, 8 if walk.big else 4)
+    entries = walk.ifd(first, "first")
+    exif = walk.pointed(entries, _EXIF, "EXIF")
+    walk.pointed(entries, _GPS, "GPS")
+    walk.pointed(exif, _INTEROP, "interoperability")
