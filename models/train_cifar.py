@@ -379,7 +379,11 @@ def train(
     test_loss, test_accuracy = evaluate(model, x_test, y_test, mean, std)
     metrics: dict[str, Any] = {
         "test_accuracy": test_accuracy,
-        **({"teacher_test_accuracy": evaluate(teacher_model, x_test, y_test, mean, std)[1]} if teacher_model else {}),
+        **(
+            {"teacher": str(teacher), "teacher_test_accuracy": evaluate(teacher_model, x_test, y_test, mean, std)[1]}
+            if teacher_model
+            else {}
+        ),
         "test_loss": round(test_loss, 4),
         "train_loss_last_epoch": round(history["train loss"][-1][1], 4),
         "wall_seconds": round(wall_seconds, 1),
