@@ -35,7 +35,7 @@ from service.http.problems import install_handlers
 from service.http.routes import health, inference, metrics, models, playground, repository, v2
 from service.http.state import ServerState
 from service.imaging.pixel_budget import PixelBudget
-from service.imaging.prescan import PrescanLimits
+from service.imaging.prescan_limits import PrescanLimits
 from service.pipeline.inference import DecodeLimits
 from service.runtime.control_signal import FILE_NAME, ControlSignal, follow
 from service.runtime.cpus import ThreadPlan, plan_threads, usable_cpus

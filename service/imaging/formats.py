@@ -15,7 +15,7 @@ from typing import Literal
 from PIL import Image, UnidentifiedImageError
 
 from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
-from service.imaging.prescan import PrescanLimits
+from service.imaging.prescan_limits import PrescanLimits
 
 log = logging.getLogger(__name__)
 

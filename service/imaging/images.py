@@ -30,7 +30,8 @@ from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
 from service.imaging import modes
 from service.imaging.formats import ACCEPTED_FORMATS, FORMAT_NAMES, FileFaults, sniff_format
 from service.imaging.modes import DISPLAY_TRANSPOSE, TRANSPOSED_ORIENTATIONS
-from service.imaging.prescan import PrescanLimits, prescan
+from service.imaging.prescan import prescan
+from service.imaging.prescan_limits import PrescanLimits
 from service.imaging.render import displayed_canvas
 from service.imaging.webp_scaled import webp_scaled
 

@@ -22,12 +22,9 @@ JPEG-compressed strip's scans are capped by libtiff (``LIBTIFF_JPEG_MAX_ALLOWED_
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
 
 from service.core.errors import InvalidImage, PayloadTooLarge
-
-if TYPE_CHECKING:
-    from service.imaging.prescan import PrescanLimits
+from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
 
 # Pillow's TiffImagePlugin.PREFIXES: it opens all of these; data[2] == 43 is a BigTIFF to it.
 TIFF_SIGNATURES = (b"MM\x00\x2a", b"II\x2a\x00", b"MM\x2a\x00", b"II\x00\x2a", b"MM\x00\x2b", b"II\x2b\x00")
@@ -110,10 +107,7 @@ class _Walk:
         held = min(size, max(self.n - at, 0))  # what the file holds: Pillow skips a tag it cannot read
         self.metadata += held
         if self.metadata > self.limits.max_metadata_bytes:
-            raise PayloadTooLarge(
-                f"the TIFF image's metadata is at least {self.metadata} bytes; the limit is "
-                f"{self.limits.max_metadata_bytes} (PATCHSERVE_MAX_IMAGE_METADATA_BYTES)"
-            )
+            raise metadata_too_large("TIFF", f"at least {self.metadata}", self.limits.max_metadata_bytes)
         if kind not in _BYTES:
             self.values += held // _SIZES[kind] * (16 if kind in _RATIONALS else 1)
             if self.values > self.limits.max_tiff_values:

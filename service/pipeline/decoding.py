@@ -31,7 +31,7 @@ from service.core.errors import (
 from service.imaging.images import DecodedImage, OpenedImage, decode_image, open_image
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.preprocess import Preprocessor
-from service.imaging.prescan import PrescanLimits
+from service.imaging.prescan_limits import PrescanLimits
 from service.runtime.repository import ModelVersion
 
 log = logging.getLogger(__name__)

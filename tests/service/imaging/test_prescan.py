@@ -23,7 +23,8 @@ from service.core.errors import InvalidImage, PayloadTooLarge
 from service.core.settings import Settings
 from service.http.app import decode_limits
 from service.imaging.images import decode_image
-from service.imaging.prescan import PrescanLimits, prescan
+from service.imaging.prescan import prescan
+from service.imaging.prescan_limits import PrescanLimits
 from tests.conftest import ROOT, running_app
 
 LIMITS = PrescanLimits()
