@@ -35,140 +35,20 @@ about 10-60 tags.
 
 from __future__ import annotations
 
-import re
 import struct
 from collections.abc import Callable
 
 from service.core.errors import PayloadTooLarge
+from service.imaging.prescan_jpeg import JPEG_SOI, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
 from service.imaging.prescan_tiff import TIFF_SIGNATURES, scan_tiff
 
-JPEG_SOI = b"\xff\xd8"
 GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-# T.81 Table B.1: SOF0-3, 5-7, 9-11, 13-15 (not DHT C4, JPG C8, DAC CC); progressive: 2, 6, 10, 14.
-_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
-_STANDALONE = frozenset({0x01, 0xD8, 0xD9, *range(0xD0, 0xD8)})  # TEM, SOI, EOI, RST0-7: no length
-_SOS, _EOI = 0xDA, 0xD9
-# A marker inside or after entropy-coded data (T.81, B.1.1.5): 0xFF followed by anything but a
-# stuffed 0x00, a restart marker or more fill.
-_MARKER_IN_SCAN = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
 # PNG chunks that carry pixels (PNG spec, 11.2.4 IDAT; APNG's fdAT); every other chunk's data
 # counts as metadata.
 _IMAGE_DATA = frozenset({b"IDAT", b"fdAT"})
-
-
-def _fill_exceeded(limits: PrescanLimits) -> PayloadTooLarge:
-    return PayloadTooLarge(
-        f"the JPEG image has more than {limits.max_jpeg_fill_bytes} fill or junk bytes between its segments "
-        "(PATCHSERVE_MAX_JPEG_FILL_BYTES); no encoder writes that many: a parser bomb?"
-    )
-
-
-def _next_marker(data: bytes, pos: int, fill: int, limits: PrescanLimits) -> tuple[int, int]:
-    """Skip junk and 0xFF fill before the marker at ``pos``: (marker position after 0xFF, fill count).
-
-    Returns a position of ``len(data)`` when the data ends first.
-    """
-    budget = limits.max_jpeg_fill_bytes - fill
-    ff = data.find(b"\xff", pos, pos + budget + 1)
-    if ff < 0:
-        if len(data) - pos > budget:
-            raise _fill_exceeded(limits)
-        return len(data), fill + len(data) - pos
-    fill += ff - pos
-    end = ff + 1
-    limit = min(len(data), end + (limits.max_jpeg_fill_bytes - fill) + 1)
-    while end < limit and data[end] == 0xFF:  # bounded by the fill budget, which the next check enforces
-        end += 1
-    fill += end - ff - 1
-    if fill > limits.max_jpeg_fill_bytes:
-        raise _fill_exceeded(limits)
-    return end, fill
-
-
-def scan_jpeg(data: bytes, limits: PrescanLimits) -> None:
-    """Walk a JPEG's marker segments (ITU T.81, Annex B) and refuse a structure bomb.
-
-    The header up to the first scan is walked segment by segment (each length-prefixed segment
-    skipped whole); after it, the markers between and after the scans are found with one
-    regular expression over the entropy-coded data, up to the first EOI. The walk stops at the
-    first limit exceeded.
-
-    Args:
-        data: the file, starting with SOI (0xFFD8).
-        limits: the limits to apply.
-
-    Raises:
-        PayloadTooLarge: more scans, scans x pixels, segments, fill bytes or metadata bytes than
-            ``limits`` allow (413).
-    """
-    n = len(data)
-    pos, fill, segments, metadata, pixels, scans = 2, 0, 0, 0, 0, 0
-    while scans == 0:  # the header: every segment up to and including the first SOS
-        end, fill = _next_marker(data, pos, fill, limits)
-        if end >= n:
-            return  # truncated: Pillow says so
-        marker, pos = data[end], end + 1
-        if marker == 0x00:  # 0xFF00 outside a scan: junk that Pillow skips
-            fill += 2
-            if fill > limits.max_jpeg_fill_bytes:
-                raise _fill_exceeded(limits)
-            continue
-        segments += 1
-        if segments > limits.max_jpeg_segments:
-            break
-        if marker in _STANDALONE:
-            if marker == _EOI:
-                return
-            continue
-        if pos + 2 > n:
-            return
-        (length,) = struct.unpack_from(">H", data, pos)
-        if length < 2:
-            return  # corrupt: Pillow says so
-        if marker in _SOF and pos + 7 <= n:
-            height, width = struct.unpack_from(">HH", data, pos + 3)
-            pixels = width * height
-        elif 0xE0 <= marker <= 0xEF or marker == 0xFE:
-            metadata += length - 2
-        pos += length
-        scans += marker == _SOS
-    while segments <= limits.max_jpeg_segments:  # the scans and the segments between them
-        if metadata > limits.max_metadata_bytes:
-            raise metadata_too_large("JPEG", f"over {limits.max_metadata_bytes}", limits.max_metadata_bytes)
-        if scans > limits.max_jpeg_scans:
-            raise PayloadTooLarge(
-                f"the JPEG image has more than {limits.max_jpeg_scans} scans (PATCHSERVE_MAX_JPEG_SCANS); encoders "
-                "write about 10: a scan bomb?"
-            )
-        # one scan's size is the image pixel limit's to refuse (Pillow reads it from the header)
-        if scans > 1 and scans * pixels > limits.max_jpeg_scan_pixels:
-            raise PayloadTooLarge(
-                f"the JPEG image has at least {scans} scans of {pixels} pixels, more work than the limit of "
-                f"{limits.max_jpeg_scan_pixels} scan pixels (PATCHSERVE_MAX_JPEG_SCAN_PIXELS)"
-            )
-        found = _MARKER_IN_SCAN.search(data, pos)
-        if found is None:
-            return
-        marker, pos = data[found.start() + 1], found.end()
-        if marker == _EOI:
-            return
-        segments += 1
-        if marker in _STANDALONE:
-            continue
-        if pos + 2 > n:
-            return
-        (length,) = struct.unpack_from(">H", data, pos)
-        if 0xE0 <= marker <= 0xEF or marker == 0xFE:
-            metadata += max(length - 2, 0)
-        pos += max(length, 2)
-        scans += marker == _SOS
-    raise PayloadTooLarge(
-        f"the JPEG image has more than {limits.max_jpeg_segments} marker segments (PATCHSERVE_MAX_JPEG_SEGMENTS); "
-        "cameras write about 20: a parser bomb?"
-    )
 
 
 def scan_png(data: bytes, limits: PrescanLimits) -> None:
@@ -242,7 +122,7 @@ def scan_gif(data: bytes, limits: PrescanLimits) -> None:
 
 
 # Each container the pre-scan walks: its leading bytes and its scanner (a new one is one row here).
-SCANNERS: tuple[tuple[tuple[bytes, ...], Callable[[bytes, PrescanLimits], None]], ...] = (
+SCANNERS: tuple[tuple[tuple[bytes, ...], Callable[[bytes, PrescanLimits], object]], ...] = (
     ((JPEG_SOI,), scan_jpeg),
     ((PNG_SIGNATURE,), scan_png),
     (GIF_SIGNATURES, scan_gif),

@@ -14,16 +14,22 @@ reference. A fresh user's and a reviewer's files, each of at most 20 MiB, that t
   reads by its type and first value, or the headers ``II\\0*`` and ``MM*\\0`` Pillow also accepts
   (a big-endian BigTIFF, which Pillow reads as a classic TIFF, is a 415).
 
-Uncompressed strips whose offsets overlap or outnumber the rows (Pillow's own raw decoder reads
-them in Python) are libtiff's to read (``service.imaging.images`` sets ``READ_LIBTIFF``), and a
-JPEG-compressed strip's scans are capped by libtiff (``LIBTIFF_JPEG_MAX_ALLOWED_SCAN_NUMBER``).
+A JPEG-compressed TIFF's strips or tiles are walked as JPEG streams (:mod:`service.imaging.prescan_jpeg`):
+a 215 KB 36-megapixel strip of 60 progressive scans cost 1.0 s of libjpeg's CPU and decoded, where
+the same stream as a JPEG file is refused at 28 scans; its scans and scan pixels, summed over the
+strips, now have a JPEG file's limits. libtiff's own scan cap stays set to the same limit
+(``LIBTIFF_JPEG_MAX_ALLOWED_SCAN_NUMBER``). Uncompressed strips whose offsets overlap or outnumber
+the rows (Pillow's own raw decoder reads them in Python) are libtiff's to read
+(``service.imaging.images`` sets ``READ_LIBTIFF``).
 """
 
 from __future__ import annotations
 
 import struct
+from collections import Counter
 
 from service.core.errors import InvalidImage, PayloadTooLarge
+from service.imaging.prescan_jpeg import JPEG_SOI, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
 
 # Pillow's TiffImagePlugin.PREFIXES: it opens all of these; data[2] == 43 is a BigTIFF to it.
@@ -37,6 +43,8 @@ _SIZES = {kind: struct.calcsize("<" + fmt) for kind, fmt in _FORMATS.items()}
 _BYTES = frozenset({1, 2, 7})  # BYTE, ASCII, UNDEFINED: kept as bytes, never numbers
 _RATIONALS = frozenset({5, 10})  # a Fraction each in Pillow: ~16 times an int's cost
 _STRIP_TAGS = frozenset({273, 279, 324, 325})  # StripOffsets, StripByteCounts, TileOffsets, TileByteCounts
+_INTEGERS = frozenset({1, 3, 4, 6, 8, 9, 13, 16, 17, 18})  # the types libtiff reads strip offsets from
+_COMPRESSION, _JPEG = 259, 7  # TIFF Technical Note 2's JPEG compression ("new-style"; old-style 6 is sequential only)
 _EXIF, _GPS, _INTEROP = 34665, 34853, 40965
 
 
@@ -65,6 +73,17 @@ class _Walk:
         if at + _SIZES[kind] > self.n:
             return None
         return int(struct.unpack_from(self.order + fmt, self.data, at)[0])
+
+    def numbers(self, kind: int, count: int, position: int) -> tuple[int, ...]:
+        """An integer entry's values (strip offsets, byte counts); none when they are not in the file."""
+        if kind not in _INTEGERS or count < 1:
+            return ()
+        at = position + (12 if self.big else 8)
+        if count * _SIZES[kind] > self.inline:
+            (at,) = struct.unpack_from(self.order + self.pointer, self.data, at)
+        if at + count * _SIZES[kind] > self.n:
+            return ()
+        return struct.unpack_from(f"{self.order}{count}{_FORMATS[kind]}", self.data, at)
 
     def ifd(self, offset: int, what: str) -> dict[int, tuple[int, int, int]]:
         """Walk the IFD at ``offset``: {tag: (type, count, entry position)}, the first of each tag."""
@@ -125,6 +144,41 @@ class _Walk:
         return {} if offset is None else self.ifd(offset, what)
 
 
+def _scan_jpeg_strips(walk: _Walk, entries: dict[int, tuple[int, int, int]]) -> None:
+    """A JPEG-compressed TIFF's strips or tiles walked as JPEG streams, their decoding work summed.
+
+    libtiff decodes every strip of the page with libjpeg, scan by scan over the strip, so a
+    progressive strip's cost is scans x pixels as in a JPEG file, and the image's is the sum over
+    its strips (a strip that several offsets name is decoded once for each). The walk reads each
+    distinct strip once; strips whose bytes overlap (no encoder writes them) are refused, which
+    bounds the walk by the file's size.
+    """
+    if _COMPRESSION not in entries or walk.first_value(*entries[_COMPRESSION]) != _JPEG:
+        return
+    tags = (273, 279) if 273 in entries else (324, 325)
+    if any(tag not in entries for tag in tags):
+        return
+    offsets, counts = (walk.numbers(*entries[tag]) for tag in tags)
+    spent = walked = 0
+    for (offset, count), references in Counter(zip(offsets, counts, strict=False)).items():
+        end = min(offset + count, walk.n)
+        if offset < 0 or offset >= end or not walk.data.startswith(JPEG_SOI, offset):
+            continue  # not a JPEG stream: libjpeg refuses it
+        walked += end - offset
+        if walked > walk.n:
+            raise PayloadTooLarge(
+                "the TIFF image's JPEG strips or tiles overlap (they name more bytes than the file holds); "
+                "encoders never write that: a decoding bomb?"
+            )
+        work = scan_jpeg(walk.data, walk.limits, start=offset, end=end, spent=spent, what="TIFF image's JPEG strip")
+        spent += work * references
+        if spent > walk.limits.max_jpeg_scan_pixels:
+            raise PayloadTooLarge(
+                f"the TIFF image's JPEG strips take {spent} scan pixels to decode, more than the limit of "
+                f"{walk.limits.max_jpeg_scan_pixels} (PATCHSERVE_MAX_JPEG_SCAN_PIXELS)"
+            )
+
+
 def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
     """Walk what Pillow reads of a TIFF and refuse a structure bomb (module docstring).
 
@@ -136,7 +190,9 @@ def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
     Raises:
         InvalidImage: a big-endian BigTIFF, which Pillow misreads (415).
         PayloadTooLarge: an IFD of more entries than ``limits.max_tiff_tags``; more strips or tiles
-            than ``limits.max_tiff_strips``; out-of-entry values of more bytes than
+            than ``limits.max_tiff_strips``; JPEG strips or tiles of more scans, or more scan pixels
+            in all, than a JPEG file may hold (:func:`~service.imaging.prescan_jpeg.scan_jpeg`), or
+            overlapping; out-of-entry values of more bytes than
             ``limits.max_metadata_bytes`` or more numbers than ``limits.max_tiff_values``; an IFD
             pointed to twice (413).
     """
@@ -148,6 +204,7 @@ def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
         return
     (first,) = struct.unpack_from(walk.order + walk.pointer, data, 8 if walk.big else 4)
     entries = walk.ifd(first, "first")
+    _scan_jpeg_strips(walk, entries)
     exif = walk.pointed(entries, _EXIF, "EXIF")
     walk.pointed(entries, _GPS, "GPS")
     walk.pointed(exif, _INTEROP, "interoperability")

@@ -476,25 +476,75 @@ def test_the_interoperability_ifd_is_walked_from_the_exif_ifd() -> None:
         prescan(data, LIMITS)
 
 
-def test_a_jpeg_in_tiff_strip_has_its_scans_capped_by_libtiff() -> None:
-    # A progressive JPEG strip whose last scan is repeated: libtiff's own cap is 100 scans; the
-    # server sets it to the JPEG scan limit (64), so 80 scans are refused as a broken file (415).
-    def strip(repeats: int) -> bytes:
-        jpeg = _jpeg((64, 64), progressive=True, quality=90)
-        scans = [start for marker, start, _ in _segments(jpeg) if marker == 0xDA]
-        end = jpeg.rindex(b"\xff\xd9")
-        return jpeg[:end] + jpeg[scans[-1] : end] * repeats + jpeg[end:]
+def _progressive_strip(size: tuple[int, int], repeats: int = 0) -> bytes:
+    """A progressive JPEG of random pixels (libjpeg's 10-scan script) with its last scan repeated ``repeats`` times."""
+    jpeg = _jpeg(size, progressive=True, quality=90)
+    scans = [start for marker, start, _ in _segments(jpeg) if marker == 0xDA]
+    end = jpeg.rindex(b"\xff\xd9")
+    return jpeg[:end] + jpeg[scans[-1] : end] * repeats + jpeg[end:]
 
-    def tiff(jpeg: bytes) -> bytes:
-        entries = [
-            (256, 4, 1, 64), (257, 4, 1, 64), (258, 3, 3, BLOB), (259, 3, 1, 7), (262, 3, 1, 6),
-            (273, 4, 1, BLOB + 6), (277, 3, 1, 3), (278, 4, 1, 64), (279, 4, 1, len(jpeg)), (284, 3, 1, 1),
-            (530, 3, 2, 2 | (2 << 16)),
-        ]  # fmt: skip
-        return _tiff(entries, bytes(64) + struct.pack("<HHH", 8, 8, 8) + jpeg)
 
-    assert count_scans(strip(70)) == 80
-    ok = decode_image(tiff(strip(0)), color_mode="RGB", max_pixels=10**6)
+def _jpeg_tiff(
+    strips: list[bytes], width: int, rows: int, at: list[int] | None = None, counts: list[int] | None = None
+):
+    """A YCbCr 4:2:0 TIFF whose strips are the JPEG streams ``strips``, ``rows`` rows of ``width`` each (TIFF
+    Technical Note 2, as libtiff writes it, no JPEGTables); ``at`` and ``counts``: the strips' offsets into the
+    streams' bytes and their byte counts, instead of one stream after another."""
+    n, streams = len(strips), b"".join(strips)
+    at = at if at is not None else [sum(len(s) for s in strips[:i]) for i in range(n)]
+    counts = counts if counts is not None else [len(s) for s in strips]
+    data_at = 8 + 8 * n  # in the blob: 2 bytes of padding, BitsPerSample, the two arrays, then the streams
+    offsets = [16 + data_at + a for a in at]
+    blob = bytes(2) + struct.pack("<HHH", 8, 8, 8) + struct.pack(f"<{n}I", *offsets) + struct.pack(f"<{n}I", *counts)
+    entries = [
+        (256, 4, 1, width), (257, 4, 1, rows * n), (258, 3, 3, -2), (259, 3, 1, 7), (262, 3, 1, 6),
+        (273, 4, n, -8) if n > 1 else (273, 4, 1, offsets[0]), (277, 3, 1, 3), (278, 4, 1, rows),
+        (279, 4, n, -(8 + 4 * n)) if n > 1 else (279, 4, 1, counts[0]), (284, 3, 1, 1), (530, 3, 2, 2 | (2 << 16)),
+    ]  # fmt: skip
+    return _tiff(entries, blob + streams)
+
+
+def test_a_jpeg_in_tiff_strip_over_the_scan_limit_is_refused_before_libtiff(monkeypatch) -> None:
+    # 80 scans in one strip: the pre-scan refuses it (413) as it refuses a JPEG file of 80 scans.
+    # libtiff's own cap (100 scans) is set to the JPEG scan limit too: without the pre-scan, the
+    # same file fails in libtiff after 64 scans (415), where its default would decode them all.
+    bomb = _jpeg_tiff([_progressive_strip((64, 64), 70)], 64, 64)
+    assert count_scans(_progressive_strip((64, 64), 70)) == 80
+    with pytest.raises(PayloadTooLarge, match="TIFF image's JPEG strip has more than 64 scans"):
+        decode_image(bomb, color_mode="RGB", max_pixels=10**6)
+    ok = decode_image(_jpeg_tiff([_progressive_strip((64, 64))], 64, 64), color_mode="RGB", max_pixels=10**6)
     assert ok.image.size == (64, 64)
+    monkeypatch.setattr("service.imaging.images.prescan", lambda data, limits: None)
     with pytest.raises(InvalidImage):
-        decode_image(tiff(strip(70)), color_mode="RGB", max_pixels=10**6)
+        decode_image(bomb, color_mode="RGB", max_pixels=10**6)
+
+
+def test_jpeg_in_tiff_work_is_the_jpeg_budget_summed_over_strips() -> None:
+    # A reviewer's 36-megapixel JPEG-in-TIFF of 60 scans (215 KB) cost 1.0 s of libjpeg's CPU and
+    # decoded, where the same stream as a JPEG file is refused at 28 scans: now it is refused alike.
+    side, strip = 6000, scan_bomb(repeats=20)  # 30 scans of 36 MP, 1.08e9 scan pixels: over 1e9
+    with pytest.raises(PayloadTooLarge, match="JPEG strip has at least 28 scans of 36000000 pixels, more work"):
+        prescan(_jpeg_tiff([strip], side, side), LIMITS)
+    # Four 64x16 strips of 10 scans each: 4 x 10 x 1024 = 40,960 scan pixels for the whole image.
+    strips = [_progressive_strip((64, 16)) for _ in range(4)]
+    assert [count_scans(s) for s in strips] == [10] * 4
+    data = _jpeg_tiff(strips, 64, 16)
+    decoded = decode_image(data, color_mode="RGB", max_pixels=10**6, limits=PrescanLimits(max_jpeg_scan_pixels=40_960))
+    alone = np.asarray(Image.open(io.BytesIO(strips[0])).convert("RGB"), np.int16)  # each strip's own pixels
+    assert np.abs(np.asarray(decoded.image, np.int16) - np.concatenate([alone] * 4)).mean() < 2
+    with pytest.raises(PayloadTooLarge, match=r"10 scans of 1024 pixels \(beside 30720 scan pixels in the image's"):
+        prescan(data, PrescanLimits(max_jpeg_scan_pixels=40_959))
+
+
+def test_a_jpeg_strip_named_by_several_offsets_counts_once_per_offset_and_overlaps_are_refused() -> None:
+    strip = _progressive_strip((64, 16))
+    shared = _jpeg_tiff([strip] * 4, 64, 16, at=[0] * 4)  # libtiff decodes the one stream four times
+    limits = PrescanLimits(max_jpeg_scan_pixels=40_960)
+    assert decode_image(shared, color_mode="RGB", max_pixels=10**6, limits=limits).image.size == (64, 64)
+    with pytest.raises(PayloadTooLarge, match="JPEG strips take 40960 scan pixels to decode, more than the limit"):
+        prescan(shared, PrescanLimits(max_jpeg_scan_pixels=40_959))
+    # Byte counts that run over the next strips: the walk would read the same bytes again for each.
+    whole = 4 * len(strip)
+    overlapping = _jpeg_tiff([strip] * 4, 64, 16, counts=[whole - i * len(strip) for i in range(4)])
+    with pytest.raises(PayloadTooLarge, match="JPEG strips or tiles overlap"):
+        prescan(overlapping, LIMITS)
