@@ -106,6 +106,9 @@ class Settings(BaseSettings):
     max_tiff_values: int = Field(
         1 << 20, ge=1024, description="Numbers in a TIFF's tag values, a rational counting 16 (413)."
     )
+    max_bmp_rle_pixels: int = Field(
+        1 << 20, ge=4096, description="Pixels of a run-length-encoded BMP, decoded by Pillow in Python (413)."
+    )
     max_image_metadata_bytes: int = Field(
         16 * 1024 * 1024,
         ge=1024,

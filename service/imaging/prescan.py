@@ -1,4 +1,4 @@
-"""Pre-scanning JPEG, PNG, GIF and TIFF files, in bytes, before Pillow opens them: structure bombs refused.
+"""Pre-scanning JPEG, PNG, GIF, TIFF, BMP and ICO files, in bytes, before Pillow opens them: bombs refused.
 
 Pillow parses a JPEG's header segments and a PNG's chunks in pure Python, one Python object (or
 several) per segment, chunk or fill byte, and libjpeg decodes each progressive scan over the
@@ -19,10 +19,11 @@ whole image. A small file can therefore cost seconds of CPU and hundreds of MiB 
 ``struct.unpack_from`` on the buffer; no copy, one small object per marker or chunk) and stops
 at the first limit exceeded, so the walk itself is bounded by the limits, not by the file. A
 file that breaks the structure in a way these limits do not cover is left to Pillow, which
-reports it as truncated or corrupt. Other formats pass through: their parsers are C (libwebp,
-libavif, BMP) or bounded by their format (an ICO directory holds at most 65,535 entries). A TIFF
-is not bounded by its format: one IFD entry may hold 2^32 values (TIFF 6.0, Section 2), and
-Pillow reads the strip and tile offsets into Python objects.
+reports it as truncated or corrupt. A TIFF is not bounded by its format: one IFD entry may hold
+2^32 values (TIFF 6.0, Section 2), and Pillow reads the strip and tile offsets into Python objects
+(:mod:`service.imaging.prescan_tiff`). A BMP's run-length encoding is decoded in Python, and an
+ICO's image is decoded while it is opened (:mod:`service.imaging.prescan_bmp`). Other formats pass
+through: their parsers are C (libwebp, libavif, an uncompressed BMP's).
 
 The limits (:class:`PrescanLimits`) are far above what real cameras and encoders write: libjpeg
 and libjpeg-turbo write 10 scans for a colour progressive JPEG (6 for grey), mozjpeg's searched
@@ -39,6 +40,7 @@ import struct
 from collections.abc import Callable
 
 from service.core.errors import PayloadTooLarge
+from service.imaging.prescan_bmp import BMP_SIGNATURE, ICO_SIGNATURE, scan_bmp, scan_ico
 from service.imaging.prescan_jpeg import JPEG_SOI, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
 from service.imaging.prescan_tiff import TIFF_SIGNATURES, scan_tiff
@@ -127,18 +129,20 @@ SCANNERS: tuple[tuple[tuple[bytes, ...], Callable[[bytes, PrescanLimits], object
     ((PNG_SIGNATURE,), scan_png),
     (GIF_SIGNATURES, scan_gif),
     (TIFF_SIGNATURES, scan_tiff),
+    ((BMP_SIGNATURE,), scan_bmp),
+    ((ICO_SIGNATURE,), scan_ico),
 )
 
 
 def prescan(data: bytes, limits: PrescanLimits) -> None:
-    """Refuse a JPEG, PNG, GIF or TIFF whose structure would cost Pillow far more than its size suggests.
+    """Refuse a JPEG, PNG, GIF, TIFF, BMP or ICO whose structure would cost Pillow far more than its size suggests.
 
     The scanner of :data:`SCANNERS` whose signature ``data`` starts with walks it; any other data
     passes unchecked (Pillow identifies it).
 
     Raises:
         PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`,
-            :func:`scan_gif`, :func:`scan_tiff`.
+            :func:`scan_gif`, :func:`scan_tiff`, :func:`scan_bmp`, :func:`scan_ico`.
     """
     for signatures, scan in SCANNERS:
         if data.startswith(signatures):

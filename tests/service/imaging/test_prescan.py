@@ -81,6 +81,37 @@ def gif_comment_bomb() -> bytes:
     return g[:start] + b"\x21\xfe" + b"\x01a" * 5_000_000 + b"\x00" + g[start:]
 
 
+def _bmp_rle8(width: int, height: int, rle: bytes) -> bytes:
+    """An 8-bit grey-palette BMP (BITMAPINFOHEADER, BI_RLE8) whose pixel data is ``rle``."""
+    palette = b"".join(bytes((i, i, i, 0)) for i in range(256))
+    start = 14 + 40 + len(palette)
+    info = struct.pack("<IiiHHIIiiII", 40, width, height, 1, 8, 1, len(rle), 2835, 2835, 256, 0)
+    return b"BM" + struct.pack("<IHHI", start + len(rle), 0, 0, start) + info + palette + rle
+
+
+def bmp_rle_strip_bomb() -> bytes:
+    """A fresh user's 1 KB 40,000,000x1 RLE8 bitmap: a delta fills the row, an end-of-line pads it byte by
+    byte in Pillow's Python decoder (3.7 s, +350 MiB)."""
+    return _bmp_rle8(40_000_000, 1, b"\x01\x07" + b"\x00\x00" + b"\x00\x01")
+
+
+def _ico(images: list[bytes], sides: list[int]) -> bytes:
+    """An ICO whose directory gives each of ``images`` (PNG or BMP data) the side in ``sides`` (0 meaning 256)."""
+    offset, directory = 6 + 16 * len(images), b""
+    for image, side in zip(images, sides, strict=True):
+        directory += struct.pack("<BBBBHHII", side, side, 0, 0, 1, 32, len(image), offset)
+        offset += len(image)
+    return struct.pack("<HHH", 0, 1, len(images)) + directory + b"".join(images)
+
+
+def ico_png_bomb(side: int = 6324) -> bytes:
+    """A fresh user's ICO: a directory saying 256x256 around a flat ``side`` x ``side`` PNG, which Pillow
+    decodes inside Image.open (32 in one request: 23.6 s, +5.3 GiB)."""
+    png = io.BytesIO()
+    Image.new("L", (side, side), 200).save(png, "PNG")
+    return _ico([png.getvalue()], [0])
+
+
 def _tiff(entries: list[tuple[int, int, int, int]], blob: bytes = b"", *, big: bool = False, order: str = "<") -> bytes:
     """A TIFF (TIFF 6.0, Section 2; BigTIFF with ``big``): header, ``blob`` at offset 16, then one IFD.
 
@@ -208,6 +239,8 @@ def bombs() -> dict[str, bytes]:
         "tiff-exif-tags": tiff_exif_bomb(),
         "bigtiff-strips": _tiff(_grey_tiff_entries(1, 20_000, 1, 20_000, 16, 16), bytes(20_000), big=True),
         "tiff-metadata": _tiff_8x8([(50_000, 7, 17_000_000, 16 + 64)], bytes(17_000_000), order="<"),
+        "bmp-rle-strip": bmp_rle_strip_bomb(),
+        "ico-png": ico_png_bomb(),
     }
 
 
@@ -227,6 +260,8 @@ def bombs() -> dict[str, bytes]:
         ("tiff-exif-tags", "IFD of 65000 entries"),
         ("bigtiff-strips", "20000 strips or tiles"),
         ("tiff-metadata", "TIFF image's metadata is at least 17000000 bytes"),
+        ("bmp-rle-strip", "run-length encoded with 40000000 pixels, more than 1048576"),
+        ("ico-png", "embeds a 6324x6324 image; an icon's images are at most 256x256"),
     ],
 )
 def test_each_bomb_is_a_413_from_the_prescan_in_milliseconds(bombs, name: str, part: str) -> None:
@@ -289,7 +324,7 @@ def test_tiffs_at_the_limits_pass_in_both_byte_orders() -> None:
 
 def _real_files() -> list[Path]:
     folders = [ROOT / "tests" / "images", ROOT / "examples", Path("/work/shared/images")]
-    suffixes = (".jpg", ".png", ".gif", ".tif", ".tiff")
+    suffixes = (".jpg", ".png", ".gif", ".tif", ".tiff", ".bmp", ".ico")
     return sorted(p for f in folders if f.exists() for p in f.rglob("*") if p.suffix.lower() in suffixes)
 
 
@@ -315,6 +350,12 @@ def test_real_files_and_encoder_options_pass_the_prescan() -> None:
         photo = Image.fromarray(np.random.default_rng(2).integers(0, 256, (3000, 2000, 3), dtype=np.uint8))
         photo.save(tiff, "TIFF", compression=compression, exif=exif, icc_profile=b"\0" * 100_000, dpi=(300, 300))
         generated.append(tiff.getvalue())
+    for fmt, options in (("BMP", {}), ("ICO", {"sizes": [(16, 16), (48, 48), (256, 256)]})):
+        saved = io.BytesIO()
+        Image.fromarray(np.random.default_rng(3).integers(0, 256, (300, 300, 3), dtype=np.uint8)).save(
+            saved, fmt, **options
+        )
+        generated.append(saved.getvalue())
     pages = io.BytesIO()
     frames[0].convert("L").save(pages, "TIFF", save_all=True, append_images=[f.convert("L") for f in frames[1:]])
     generated.append(pages.getvalue())
@@ -548,3 +589,42 @@ def test_a_jpeg_strip_named_by_several_offsets_counts_once_per_offset_and_overla
     overlapping = _jpeg_tiff([strip] * 4, 64, 16, counts=[whole - i * len(strip) for i in range(4)])
     with pytest.raises(PayloadTooLarge, match="JPEG strips or tiles overlap"):
         prescan(overlapping, LIMITS)
+
+
+def test_an_icon_larger_than_256_is_refused_before_pillow_decodes_it_while_opening() -> None:
+    bomb = ico_png_bomb(300)
+    with Image.open(io.BytesIO(bomb)) as image:  # what the pre-scan prevents: decoded by open itself
+        assert image.size == (300, 300) and image._im is not None
+    with pytest.raises(PayloadTooLarge, match="embeds a 300x300 image"):
+        decode_image(bomb, color_mode="RGB", max_pixels=10**6)
+    # The same for an embedded BMP (its header's height counts the AND mask's rows: 600 for 300).
+    dib = struct.pack("<IiiHHIIiiII", 40, 300, 600, 1, 32, 0, 0, 0, 0, 0, 0) + bytes(300 * 300 * 4 + 40 * 300)
+    with pytest.raises(PayloadTooLarge, match="embeds a 300x300 image"):
+        prescan(_ico([dib], [0]), LIMITS)
+    # The largest an icon can be passes, and a large image hidden in a smaller entry is found too.
+    icon = io.BytesIO()
+    Image.new("RGBA", (256, 256), (1, 2, 3, 255)).save(icon, "ICO", sizes=[(32, 32), (256, 256)])
+    assert decode_image(icon.getvalue(), color_mode="RGB", max_pixels=10**6).image.size == (256, 256)
+    small = io.BytesIO()
+    Image.new("L", (16, 16), 9).save(small, "PNG")
+    with pytest.raises(PayloadTooLarge, match="embeds a 300x300 image"):
+        prescan(_ico([small.getvalue(), bomb[22:]], [16, 8]), LIMITS)
+
+
+def test_rle_bitmaps_are_bounded_in_pixels_and_in_opcodes() -> None:
+    # A real RLE8 bitmap decodes as drawn: rows of runs of 255 and an end-of-line each.
+    width, height = 640, 480
+    row = b"\xff\x10\xff\x20\x82\x30" + b"\x00\x00"  # 255 px of 16, 255 of 32, 130 of 48
+    decoded = decode_image(_bmp_rle8(width, height, row * height + b"\x00\x01"), color_mode="L", max_pixels=10**6)
+    pixels = np.asarray(decoded.image)
+    assert pixels.shape == (480, 640) and set(np.unique(pixels[:, 0])) == {16}
+    assert (pixels[:, 255:510] == 32).all() and (pixels[:, 510:] == 48).all()
+    # 1,048,576 pixels pass; one row more is refused. Runs of one pixel (2 bytes each) pass.
+    prescan(_bmp_rle8(1024, 1024, b"\x00\x01"), LIMITS)
+    with pytest.raises(PayloadTooLarge, match="run-length encoded with 1049600 pixels"):
+        prescan(_bmp_rle8(1024, 1025, b"\x00\x01"), LIMITS)
+    ones = (b"\x01\x07" * 100 + b"\x00\x00") * 100 + b"\x00\x01"
+    assert np.asarray(decode_image(_bmp_rle8(100, 100, ones), color_mode="L", max_pixels=10**6).image).max() == 7
+    # No-op opcodes before the pixels (a delta of 0, 0 each): more RLE data than the pixels need.
+    with pytest.raises(PayloadTooLarge, match="bytes of RLE data for 10000 pixels"):
+        prescan(_bmp_rle8(100, 100, b"\x00\x02\x00\x00" * 10_000 + ones), LIMITS)
