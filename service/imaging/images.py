@@ -263,6 +263,7 @@ def open_image(
         stored_w, stored_h = image.size
         _check_pixels(stored_w, stored_h, max_pixels)
         modes.check_depth(image, faults.name)
+        modes.rescale_grey_key(image)
         # Pillow finds a PNG's eXIf chunk after the pixels by decoding them all (getexif loads):
         # the header's count must not cost a decode, so such a PNG's orientation waits for
         # decode() (a PNG has no draft size, and its pixel count is the same either way).

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 
 import numpy as np
-from PIL import Image
+from PIL import Image, ImageFile
 
 from service.core.errors import InvalidImage
 
@@ -99,8 +99,25 @@ def _to_8bit(image: Image.Image) -> Image.Image:
     return gray
 
 
+def rescale_grey_key(image: ImageFile.ImageFile) -> None:
+    """Give a 2- or 4-bit grey PNG's colour key (tRNS) the 0-255 scale its pixels are decoded to.
+
+    Pillow decodes such a PNG to mode "L", each sample scaled to 0-255 (2 bits: x 85, 4 bits:
+    x 17), but keeps the tRNS key in the file's own depth (PNG spec, 11.3.2.1), so the key of
+    white in a 2-bit file, 3, matched no pixel and its transparent pixels stayed white. Call on
+    the opened file, before it is decoded (the decoder's raw mode names the depth).
+    """
+    key = image.info.get("transparency")
+    if image.format != "PNG" or image.mode != "L" or not isinstance(key, int) or not image.tile:
+        return
+    rawmode = image.tile[0].args
+    bits = {"L;2": 2, "L;4": 4}.get(rawmode[:3]) if isinstance(rawmode, str) else None
+    if bits is not None:
+        image.info["transparency"] = key * 255 // ((1 << bits) - 1)
+
+
 def _has_transparency(image: Image.Image) -> bool:
-    return image.mode in _ALPHA_MODES or (image.mode in ("P", "L", "RGB") and "transparency" in image.info)
+    return image.mode in _ALPHA_MODES or (image.mode in ("P", "1", "L", "RGB") and "transparency" in image.info)
 
 
 def to_mode(image: Image.Image, color_mode: str, background: tuple[int, int, int]) -> Image.Image:

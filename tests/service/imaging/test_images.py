@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import io
+import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 import pytest
@@ -107,6 +109,29 @@ def test_16bit_png_with_a_transparent_key_takes_the_background() -> None:
     on_white = decode(data, "L", background=(255, 255, 255))
     assert (on_black[transparent] == 0).all() and (on_white[transparent] == 255).all()
     np.testing.assert_array_equal(on_black[~transparent], on_white[~transparent])
+
+
+def _grey_png_with_key(bits: int, key: int) -> tuple[bytes, np.ndarray]:
+    """A 16x16 grey PNG of ``bits`` per sample whose left half is ``key`` (its tRNS colour key), right half 0."""
+    samples = np.zeros((16, 16), np.uint8)
+    samples[:, :8] = key
+    rows = [np.packbits(np.unpackbits(row[:, None], axis=1)[:, 8 - bits :].ravel()).tobytes() for row in samples]
+    chunk = lambda kind, body: struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))  # noqa: E731
+    header = struct.pack(">IIBBBBB", 16, 16, bits, 0, 0, 0, 0)
+    idat = zlib.compress(b"".join(b"\x00" + row for row in rows))
+    data = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"tRNS", struct.pack(">H", key))
+    return data + chunk(b"IDAT", idat) + chunk(b"IEND", b""), samples == key
+
+
+@pytest.mark.parametrize(("bits", "key"), [(1, 1), (2, 3), (2, 1), (4, 15), (4, 6), (8, 200)])
+def test_a_low_depth_grey_colour_key_takes_the_background(bits: int, key: int) -> None:
+    # A fresh user's find: Pillow keeps a 2- or 4-bit file's key in the file's depth (3 for white in
+    # 2 bits) while its pixels are scaled to 0-255, and the 1-bit mode was not composited at all.
+    data, keyed = _grey_png_with_key(bits, key)
+    on_black = decode(data, "L", background=(0, 0, 0))
+    on_white = decode(data, "L", background=(255, 255, 255))
+    assert (on_black[keyed] == 0).all() and (on_white[keyed] == 255).all()
+    assert (on_black[~keyed] == 0).all() and (on_white[~keyed] == 0).all()  # the other half: opaque black
 
 
 @pytest.mark.parametrize(("background", "expected"), [((255, 255, 255), (255, 255, 255)), ((0, 0, 0), (0, 0, 0))])
