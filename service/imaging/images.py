@@ -206,10 +206,10 @@ class OpenedImage:
                 if image.size[0] * image.size[1] > self._max_pixels:  # a plugin that learnt its size while loading
                     _check_pixels(*image.size, self._max_pixels)
                 if orientation is None:  # now loaded, Pillow has the chunks after the pixels too
-                    orientation = modes.orientation(image)
+                    orientation = modes.orientation(image, self._limits.max_tiff_tags)
                     if orientation in TRANSPOSED_ORIENTATIONS:
                         width, height = height, width
-                elif orientation != 1 and modes.orientation(image) == 1:
+                elif orientation != 1 and modes.orientation(image, self._limits.max_tiff_tags) == 1:
                     # The plugin applied the orientation itself while loading (Pillow 12+ does for TIFF)
                     # and dropped the tag: the loaded image is as displayed (no draft outside JPEG).
                     orientation, (width, height) = 1, image.size
@@ -267,7 +267,9 @@ def open_image(
         # Pillow finds a PNG's eXIf chunk after the pixels by decoding them all (getexif loads):
         # the header's count must not cost a decode, so such a PNG's orientation waits for
         # decode() (a PNG has no draft size, and its pixel count is the same either way).
-        orientation = None if fmt == "PNG" and "exif" not in image.info else modes.orientation(image)
+        orientation = (
+            None if fmt == "PNG" and "exif" not in image.info else modes.orientation(image, limits.max_tiff_tags)
+        )
         transposed = orientation in TRANSPOSED_ORIENTATIONS
         width, height = (stored_h, stored_w) if transposed else (stored_w, stored_h)
         if draft_size is not None and fmt in ("JPEG", "MPO"):

@@ -354,3 +354,32 @@ def test_32bit_integer_and_float_tiffs_are_415_naming_the_mode_and_the_depths(ar
     sixteen = io.BytesIO()
     Image.fromarray(array.astype(np.uint16) if mode == "I" else (array * 65535).astype(np.uint16)).save(sixteen, "TIFF")
     assert decode(sixteen.getvalue(), "L").shape == (6, 8)  # the same picture at 16 bits is decoded
+
+
+def _exif_of(entries: int, orientation: int = 6) -> bytes:
+    """A little-endian EXIF block: the orientation, then ``entries - 1`` private SHORT tags, in its first IFD."""
+    tags = [(0x0112, 3, 1, orientation)] + [(0xC000 + i % 0x3000, 3, 1, 0) for i in range(entries - 1)]
+    body = struct.pack("<H", entries) + b"".join(struct.pack("<HHIHH", t, k, c, v, 0) for t, k, c, v in tags)
+    return b"II*\x00" + struct.pack("<I", 8) + body + bytes(4)
+
+
+@pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
+def test_an_exif_block_of_more_entries_than_the_tiff_limit_is_not_parsed(fmt: str, monkeypatch) -> None:
+    # A fresh user's find: 65,535 entries in a PNG's or WebP's EXIF (786 KB) cost 0.16-0.2 s of Pillow's
+    # Python parser when the orientation was read; over PATCHSERVE_MAX_TIFF_TAGS (1,024) it is not read.
+    # (A JPEG's EXIF is bounded by its 64 KB APP1 segment, and Pillow parses it while opening for the DPI.)
+    parsed: list[int] = []
+    real = Image.Image.getexif
+    monkeypatch.setattr(Image.Image, "getexif", lambda image: parsed.append(1) or real(image))
+    picture = Image.new("RGB", (40, 20), (200, 10, 10))
+
+    def saved(exif: bytes) -> bytes:
+        buffer = io.BytesIO()
+        picture.save(buffer, fmt, exif=exif if fmt == "PNG" else b"Exif\x00\x00" + exif)
+        return buffer.getvalue()
+
+    at_limit = decode_image(saved(_exif_of(1024)), color_mode="RGB", max_pixels=10**6)
+    assert (at_limit.width, at_limit.height) == (20, 40) and parsed  # orientation 6 read: turned
+    parsed.clear()
+    over = decode_image(saved(_exif_of(65_535)), color_mode="RGB", max_pixels=10**6)
+    assert (over.width, over.height) == (40, 20) and not parsed  # not parsed: as stored
