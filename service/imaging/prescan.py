@@ -39,7 +39,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable
 
-from service.core.errors import PayloadTooLarge
+from service.core.errors import InvalidImage, PayloadTooLarge
 from service.imaging.prescan_bmp import BMP_SIGNATURE, ICO_SIGNATURE, scan_bmp, scan_ico
 from service.imaging.prescan_jpeg import JPEG_SOI, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
@@ -64,14 +64,22 @@ def scan_png(data: bytes, limits: PrescanLimits) -> None:
         limits: the limits to apply.
 
     Raises:
+        InvalidImage: an indexed-colour PNG with no PLTE chunk before its image data (415).
         PayloadTooLarge: more chunks than ``limits.max_png_chunks``, or more metadata (bytes of
             chunks other than IDAT and fdAT) than ``limits.max_metadata_bytes`` (413).
     """
     pos, chunks, metadata, n = len(PNG_SIGNATURE), 0, 0, len(data)
+    palette_needed = n > 25 and data[12:16] == b"IHDR" and data[25] == 3  # colour type 3: indexed
     while pos + 8 <= n:
         length, kind = struct.unpack_from(">I4s", data, pos)
         if not kind.isalpha():  # PNG spec 5.4: a chunk type is four ASCII letters; corrupt, Pillow says so
             return
+        if kind == b"PLTE":
+            palette_needed = False
+        elif kind == b"IDAT" and palette_needed:  # Pillow would decode the indices as grey levels
+            raise InvalidImage(
+                "the PNG image is corrupt: an indexed-colour image without a PLTE chunk (PNG spec, 11.2.3)"
+            )
         chunks += 1
         if chunks > limits.max_png_chunks:
             raise PayloadTooLarge(
@@ -143,6 +151,8 @@ def prescan(data: bytes, limits: PrescanLimits) -> None:
     Raises:
         PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`,
             :func:`scan_gif`, :func:`scan_tiff`, :func:`scan_bmp`, :func:`scan_ico`.
+        InvalidImage: a structure Pillow would misread (415): an indexed PNG without a palette,
+            a big-endian BigTIFF.
     """
     for signatures, scan in SCANNERS:
         if data.startswith(signatures):

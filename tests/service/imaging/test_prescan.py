@@ -628,3 +628,16 @@ def test_rle_bitmaps_are_bounded_in_pixels_and_in_opcodes() -> None:
     # No-op opcodes before the pixels (a delta of 0, 0 each): more RLE data than the pixels need.
     with pytest.raises(PayloadTooLarge, match="bytes of RLE data for 10000 pixels"):
         prescan(_bmp_rle8(100, 100, b"\x00\x02\x00\x00" * 10_000 + ones), LIMITS)
+
+
+def test_an_indexed_png_without_a_palette_is_refused() -> None:
+    # Pillow decoded its indices as grey levels and answered 200 (a fresh user's find); PNG spec 11.2.3.
+    indexed = io.BytesIO()
+    Image.new("P", (8, 8), 3).save(indexed, "PNG")
+    data = indexed.getvalue()
+    prescan(data, LIMITS)
+    start = data.index(b"PLTE") - 4
+    (length,) = struct.unpack_from(">I", data, start)
+    without = data[:start] + data[start + 12 + length :]
+    with pytest.raises(InvalidImage, match="indexed-colour image without a PLTE chunk"):
+        decode_image(without, color_mode="RGB", max_pixels=10**6)
