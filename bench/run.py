@@ -304,12 +304,18 @@ def trained_models(repository: Path) -> list[tuple[str, Path]]:
 
 
 def one_model_repository(work: Path, name: str, version_dir: Path) -> Path:
-    """A repository holding ``name`` alone (a link to its folder): each server serves one model, as (e) and (f) do."""
-    root = work / "trained" / name
-    root.mkdir(parents=True, exist_ok=True)
-    link = root / name
+    """A repository holding one version of ``name`` alone (a link to its folder, no config.json, so the
+    default policy serves it): each server serves one model version, as (e) and (f) do.
+
+    Linking the whole model folder served every version its config.json names: ``vit-cifar10``'s
+    two (``latest: 2``), which split the cores between them (one one-thread session each, no
+    wide session) while (e) and (f) served the one measured (found 2026-12-05).
+    """
+    root = work / "trained" / f"{name}-{version_dir.name}"
+    (root / name).mkdir(parents=True, exist_ok=True)
+    link = root / name / version_dir.name
     if not link.exists():
-        link.symlink_to(version_dir.parent.resolve(), target_is_directory=True)
+        link.symlink_to(version_dir.resolve(), target_is_directory=True)
     return root
 
 
