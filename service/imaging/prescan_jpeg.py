@@ -61,6 +61,7 @@ def scan_jpeg(
     end: int | None = None,
     spent: int = 0,
     what: str = "JPEG image",
+    frame: int | None = None,
 ) -> int:
     """Walk a JPEG's marker segments (ITU T.81, Annex B) and refuse a structure bomb.
 
@@ -77,6 +78,7 @@ def scan_jpeg(
         spent: scan pixels already spent by earlier streams of the same image (a TIFF's other
             strips), counted against ``limits.max_jpeg_scan_pixels`` with this stream's.
         what: the stream in the 413's words.
+        frame: the most pixels its frame (SOF) may declare (a TIFF strip's or tile's); None: any.
 
     Returns:
         The stream's decoding work in scan pixels: scans x width x height for two or more scans
@@ -84,7 +86,7 @@ def scan_jpeg(
 
     Raises:
         PayloadTooLarge: more scans, scans x pixels (with ``spent``), segments, fill bytes or
-            metadata bytes than ``limits`` allow (413).
+            metadata bytes than ``limits`` allow, or a frame of more pixels than ``frame`` (413).
     """
     n = len(data) if end is None else min(end, len(data))
     pos, fill, segments, metadata, pixels, scans = start + 2, 0, 0, 0, 0, 0
@@ -113,6 +115,11 @@ def scan_jpeg(
         if marker in _SOF and pos + 7 <= n:
             height, width = struct.unpack_from(">HH", data, pos + 3)
             pixels = width * height
+            if frame is not None and pixels > frame:
+                raise PayloadTooLarge(
+                    f"the {what} declares a {width}x{height} frame, more than the {frame} pixels it holds "
+                    "(libjpeg would allocate all of them): a decoding bomb?"
+                )
         elif 0xE0 <= marker <= 0xEF or marker == 0xFE:
             metadata += length - 2
         pos += length

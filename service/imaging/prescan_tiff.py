@@ -144,39 +144,63 @@ class _Walk:
         return {} if offset is None else self.ifd(offset, what)
 
 
+def _frame_pixels(walk: _Walk, entries: dict[int, tuple[int, int, int]], tiles: bool) -> int | None:
+    """The pixels one strip (ImageWidth x RowsPerStrip, at most ImageLength) or tile holds; None if unknown."""
+
+    def tag(number: int) -> int | None:
+        return walk.first_value(*entries[number]) if number in entries else None
+
+    if tiles:
+        width, length = tag(322), tag(323)  # TileWidth, TileLength
+        return width * length if width is not None and length is not None else None
+    width, length, rows = tag(256), tag(257), tag(278)  # ImageWidth, ImageLength, RowsPerStrip
+    if width is None or length is None:
+        return None
+    return width * min(length, rows if rows is not None and rows > 0 else length)
+
+
 def _scan_jpeg_strips(walk: _Walk, entries: dict[int, tuple[int, int, int]]) -> None:
-    """A JPEG-compressed TIFF's strips or tiles walked as JPEG streams, their decoding work summed.
+    """A JPEG-compressed TIFF's strips and tiles walked as JPEG streams, their decoding work summed.
 
     libtiff decodes every strip of the page with libjpeg, scan by scan over the strip, so a
     progressive strip's cost is scans x pixels as in a JPEG file, and the image's is the sum over
-    its strips (a strip that several offsets name is decoded once for each). The walk reads each
-    distinct strip once; strips whose bytes overlap (no encoder writes them) are refused, which
-    bounds the walk by the file's size.
+    its strips (a strip that several offsets name is decoded once for each). A strip's JPEG frame
+    may not declare more pixels than the strip or tile holds: libtiff only warns about a taller
+    last strip, and libjpeg allocates the whole frame (a 267-byte file declaring 6000x65500 in a
+    16-row strip took +753 MiB). Strips and tiles are both walked (libtiff keeps whichever tag
+    comes last); a byte count of 0, or none, runs to the end of the file, as libtiff estimates it.
+    The walk reads each distinct strip once; strips whose bytes overlap (no encoder writes them)
+    are refused, which bounds the walk by the file's size.
     """
     if _COMPRESSION not in entries or walk.first_value(*entries[_COMPRESSION]) != _JPEG:
         return
-    tags = (273, 279) if 273 in entries else (324, 325)
-    if any(tag not in entries for tag in tags):
-        return
-    offsets, counts = (walk.numbers(*entries[tag]) for tag in tags)
     spent = walked = 0
-    for (offset, count), references in Counter(zip(offsets, counts, strict=False)).items():
-        end = min(offset + count, walk.n)
-        if offset < 0 or offset >= end or not walk.data.startswith(JPEG_SOI, offset):
-            continue  # not a JPEG stream: libjpeg refuses it
-        walked += end - offset
-        if walked > walk.n:
-            raise PayloadTooLarge(
-                "the TIFF image's JPEG strips or tiles overlap (they name more bytes than the file holds); "
-                "encoders never write that: a decoding bomb?"
+    for offsets_tag, counts_tag in ((273, 279), (324, 325)):
+        if offsets_tag not in entries:
+            continue
+        offsets = walk.numbers(*entries[offsets_tag])
+        counts = walk.numbers(*entries[counts_tag]) if counts_tag in entries else ()
+        frame = _frame_pixels(walk, entries, tiles=offsets_tag == 324)
+        regions = Counter((offset, counts[i] if i < len(counts) else 0) for i, offset in enumerate(offsets))
+        for (offset, count), references in regions.items():
+            end = min(offset + count, walk.n) if count > 0 else walk.n
+            if offset < 0 or offset >= end or not walk.data.startswith(JPEG_SOI, offset):
+                continue  # not a JPEG stream: libjpeg refuses it
+            walked += end - offset
+            if walked > walk.n:
+                raise PayloadTooLarge(
+                    "the TIFF image's JPEG strips or tiles overlap (they name more bytes than the file holds); "
+                    "encoders never write that: a decoding bomb?"
+                )
+            work = scan_jpeg(
+                walk.data, walk.limits, start=offset, end=end, spent=spent, what="TIFF image's JPEG strip", frame=frame
             )
-        work = scan_jpeg(walk.data, walk.limits, start=offset, end=end, spent=spent, what="TIFF image's JPEG strip")
-        spent += work * references
-        if spent > walk.limits.max_jpeg_scan_pixels:
-            raise PayloadTooLarge(
-                f"the TIFF image's JPEG strips take {spent} scan pixels to decode, more than the limit of "
-                f"{walk.limits.max_jpeg_scan_pixels} (PATCHSERVE_MAX_JPEG_SCAN_PIXELS)"
-            )
+            spent += work * references
+            if spent > walk.limits.max_jpeg_scan_pixels:
+                raise PayloadTooLarge(
+                    f"the TIFF image's JPEG strips take {spent} scan pixels to decode, more than the limit of "
+                    f"{walk.limits.max_jpeg_scan_pixels} (PATCHSERVE_MAX_JPEG_SCAN_PIXELS)"
+                )
 
 
 def scan_tiff(data: bytes, limits: PrescanLimits) -> None:

@@ -641,3 +641,24 @@ def test_an_indexed_png_without_a_palette_is_refused() -> None:
     without = data[:start] + data[start + 12 + length :]
     with pytest.raises(InvalidImage, match="indexed-colour image without a PLTE chunk"):
         decode_image(without, color_mode="RGB", max_pixels=10**6)
+
+
+def test_a_jpeg_strip_is_walked_as_libtiff_reads_it() -> None:
+    # A second reviewer's ways past the strip walk (2026-12-05), each decoded by libtiff before.
+    # A frame taller than its strip: 267 bytes that made libjpeg allocate +753 MiB at 6000x65500.
+    with pytest.raises(PayloadTooLarge, match="declares a 64x200 frame, more than the 1024 pixels it holds"):
+        prescan(_jpeg_tiff([_progressive_strip((64, 200))], 64, 16), LIMITS)
+    # A byte count of 0: libtiff reads to the end of the file, and so does the walk.
+    bomb = _progressive_strip((64, 64), 70)
+    with pytest.raises(PayloadTooLarge, match="more than 64 scans"):
+        prescan(_jpeg_tiff([bomb], 64, 64, counts=[0]), LIMITS)
+    # Tiles beside strips: libtiff keeps the tag that comes last, so both are walked.
+    harmless = _progressive_strip((64, 64))
+    entries = [
+        (256, 4, 1, 64), (257, 4, 1, 64), (258, 3, 3, -2), (259, 3, 1, 7), (262, 3, 1, 6),
+        (273, 4, 1, 16 + 8), (277, 3, 1, 3), (279, 4, 1, len(harmless)), (284, 3, 1, 1),
+        (322, 4, 1, 64), (323, 4, 1, 64), (324, 4, 1, 16 + 8 + len(harmless)), (325, 4, 1, len(bomb)),
+        (530, 3, 2, 2 | (2 << 16)),
+    ]  # fmt: skip
+    with pytest.raises(PayloadTooLarge, match="more than 64 scans"):
+        prescan(_tiff(entries, bytes(2) + struct.pack("<HHH", 8, 8, 8) + harmless + bomb), LIMITS)
