@@ -40,18 +40,26 @@ def _exif_entries(exif: bytes) -> int:
         return 0
     order = "<" if bytes(data[:2]) == b"II" else ">"
     (offset,) = struct.unpack_from(order + "I", data, 4)
-    return int(struct.unpack_from(order + "H", data, offset)[0]) if 8 <= offset <= len(data) - 2 else 0
+    return (
+        int(struct.unpack_from(order + "H", data, offset)[0]) if offset <= len(data) - 2 else 0
+    )  # any offset, as Pillow
 
 
 def orientation(image: Image.Image, max_tags: int = 1024) -> int:
     """The EXIF orientation (1-8); 1 when absent, out of range or unreadable.
 
-    An EXIF block (a JPEG's APP1, a PNG's eXIf, a WebP's EXIF chunk) whose first IFD holds more
-    than ``max_tags`` entries (``PATCHSERVE_MAX_TIFF_TAGS``, as a TIFF's) is not parsed and counts as
-    absent: Pillow parses every entry in Python (65,535 in a 786 KB PNG or WebP: 0.16-0.2 s, a
-    fresh user's find), and no camera writes more than about a hundred.
+    An EXIF block (a JPEG's APP1, a PNG's eXIf or "Raw profile type exif" text, a WebP's EXIF
+    chunk) whose first IFD holds more than ``max_tags`` entries (``PATCHSERVE_MAX_TIFF_TAGS``, as a
+    TIFF's) is not parsed and counts as absent: Pillow parses every entry in Python (65,535 in a
+    786 KB PNG or WebP: 0.16-0.2 s, a fresh user's find), and no camera writes more than about a
+    hundred.
     """
-    exif = image.info.get("exif")
+    exif, raw = image.info.get("exif"), image.info.get("Raw profile type exif")
+    if exif is None and isinstance(raw, str):  # ImageMagick's PNG text chunk, which Pillow's getexif reads
+        try:
+            exif = bytes.fromhex("".join(raw.split("\n")[3:]))
+        except ValueError:
+            exif = None
     if isinstance(exif, bytes) and _exif_entries(exif) > max_tags:
         log.debug("an EXIF block of more than %d entries ignored", max_tags)
         return 1

@@ -36,63 +36,16 @@ about 10-60 tags.
 
 from __future__ import annotations
 
-import struct
 from collections.abc import Callable
 
-from service.core.errors import InvalidImage, PayloadTooLarge
+from service.core.errors import PayloadTooLarge
 from service.imaging.prescan_bmp import BMP_SIGNATURE, ICO_SIGNATURE, scan_bmp, scan_ico
 from service.imaging.prescan_jpeg import JPEG_SOI, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
+from service.imaging.prescan_png import PNG_SIGNATURE, scan_png
 from service.imaging.prescan_tiff import TIFF_SIGNATURES, scan_tiff
 
 GIF_SIGNATURES = (b"GIF87a", b"GIF89a")
-PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
-
-# PNG chunks that carry pixels (PNG spec, 11.2.4 IDAT; APNG's fdAT); every other chunk's data
-# counts as metadata.
-_IMAGE_DATA = frozenset({b"IDAT", b"fdAT"})
-
-
-def scan_png(data: bytes, limits: PrescanLimits) -> None:
-    """Walk a PNG's chunks (PNG spec, 5.3: length, type, data, CRC) and refuse a structure bomb.
-
-    Stops at IEND, at the end of the data, or at the first limit exceeded. CRCs are Pillow's
-    to check.
-
-    Args:
-        data: the file, starting with the PNG signature.
-        limits: the limits to apply.
-
-    Raises:
-        InvalidImage: an indexed-colour PNG with no PLTE chunk before its image data (415).
-        PayloadTooLarge: more chunks than ``limits.max_png_chunks``, or more metadata (bytes of
-            chunks other than IDAT and fdAT) than ``limits.max_metadata_bytes`` (413).
-    """
-    pos, chunks, metadata, n = len(PNG_SIGNATURE), 0, 0, len(data)
-    palette_needed = n > 25 and data[12:16] == b"IHDR" and data[25] == 3  # colour type 3: indexed
-    while pos + 8 <= n:
-        length, kind = struct.unpack_from(">I4s", data, pos)
-        if not kind.isalpha():  # PNG spec 5.4: a chunk type is four ASCII letters; corrupt, Pillow says so
-            return
-        if kind == b"PLTE":
-            palette_needed = False
-        elif kind == b"IDAT" and palette_needed:  # Pillow would decode the indices as grey levels
-            raise InvalidImage(
-                "the PNG image is corrupt: an indexed-colour image without a PLTE chunk (PNG spec, 11.2.3)"
-            )
-        chunks += 1
-        if chunks > limits.max_png_chunks:
-            raise PayloadTooLarge(
-                f"the PNG image has more than {limits.max_png_chunks} chunks (PATCHSERVE_MAX_PNG_CHUNKS); "
-                "encoders write one per 8-64 KiB of image data: a parser bomb?"
-            )
-        if kind not in _IMAGE_DATA:
-            metadata += min(length, n - pos - 12)  # what the file holds, not what a corrupt length says
-            if metadata > limits.max_metadata_bytes:
-                raise metadata_too_large("PNG", f"at least {metadata}", limits.max_metadata_bytes)
-        if kind == b"IEND":
-            return
-        pos += 12 + length
 
 
 def scan_gif(data: bytes, limits: PrescanLimits) -> None:

@@ -10,7 +10,7 @@ import zlib
 
 import numpy as np
 import pytest
-from PIL import Image
+from PIL import Image, PngImagePlugin
 
 from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
 from service.imaging.formats import HEIF_AVAILABLE
@@ -383,3 +383,21 @@ def test_an_exif_block_of_more_entries_than_the_tiff_limit_is_not_parsed(fmt: st
     parsed.clear()
     over = decode_image(saved(_exif_of(65_535)), color_mode="RGB", max_pixels=10**6)
     assert (over.width, over.height) == (40, 20) and not parsed  # not parsed: as stored
+
+
+def test_an_exif_block_in_a_text_chunk_or_with_its_ifd_in_its_header_is_counted_too(monkeypatch) -> None:
+    # A second reviewer's: ImageMagick's "Raw profile type exif" text, which Pillow's getexif also
+    # parses, and an IFD offset of 0, which Pillow follows into the header ("II" read as 18,761 entries).
+    parsed: list[int] = []
+    real = Image.Image.getexif
+    monkeypatch.setattr(Image.Image, "getexif", lambda image: parsed.append(1) or real(image))
+    text = PngImagePlugin.PngInfo()
+    exif = _exif_of(65_535)
+    text.add_text("Raw profile type exif", f"\nexif\n{len(exif)}\n" + exif.hex(), zip=True)
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 20)).save(buffer, "PNG", pnginfo=text)
+    assert decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**6).width == 40 and not parsed
+    at_zero = b"II*\x00" + struct.pack("<I", 0) + bytes(8)
+    buffer = io.BytesIO()
+    Image.new("RGB", (40, 20)).save(buffer, "PNG", exif=at_zero)
+    assert decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**6).width == 40 and not parsed

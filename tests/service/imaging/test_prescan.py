@@ -662,3 +662,37 @@ def test_a_jpeg_strip_is_walked_as_libtiff_reads_it() -> None:
     ]  # fmt: skip
     with pytest.raises(PayloadTooLarge, match="more than 64 scans"):
         prescan(_tiff(entries, bytes(2) + struct.pack("<HHH", 8, 8, 8) + harmless + bomb), LIMITS)
+
+
+def test_an_icons_images_are_walked_as_pillow_reads_them() -> None:
+    # A second reviewer's ways past the first ICO check (2026-12-05).
+    signature = b"\x89PNG\r\n\x1a\n"
+
+    def ihdr(side: int, colour: int = 0) -> bytes:
+        return _png_chunk(b"IHDR", struct.pack(">IIBBBBB", side, side, 8, colour, 0, 0, 0))
+
+    idat = _png_chunk(b"IDAT", zlib.compress(bytes(17 * 16))) + _png_chunk(b"IEND", b"")
+    # An IHDR after another chunk, or a second IHDR: Pillow keeps the last, wherever it is.
+    for png in (signature + _png_chunk(b"tEXt", b"a\0b") + ihdr(300) + idat, signature + ihdr(16) + ihdr(300) + idat):
+        with pytest.raises(PayloadTooLarge, match="embeds a 300x300 image"):
+            prescan(_ico([png], [16]), LIMITS)
+    # The embedded PNG's chunks are counted as a PNG file's are (1.6 million empty chunks: 3.1 s).
+    bomb = signature + ihdr(16) + _png_chunk(b"prIv", b"") * 10_001 + idat
+    with pytest.raises(PayloadTooLarge, match="more than 10000 chunks"):
+        prescan(_ico([bomb], [16]), LIMITS)
+    # An icon's BMP is uncompressed: an RLE one made Pillow read opcodes to the end of the file (18 MB: 2.8 s).
+    rle = struct.pack("<IiiHHIIiiII", 40, 1, 2, 1, 8, 1, 0, 0, 0, 0, 0) + bytes(1024) + b"\x00\x00" * 1000
+    with pytest.raises(InvalidImage, match="run-length-encoded BMP image"):
+        prescan(_ico([rle], [1]), LIMITS)
+    prescan(_ico([signature + ihdr(256) + idat], [0]), LIMITS)  # 256x256, the largest icon
+
+
+def test_an_indexed_ihdr_anywhere_needs_its_palette() -> None:
+    # Pillow keeps the last IHDR: a grey one then an indexed one, or one after a text chunk.
+    signature = b"\x89PNG\r\n\x1a\n"
+    grey, indexed = (_png_chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, c, 0, 0, 0)) for c in (0, 3))
+    idat = _png_chunk(b"IDAT", zlib.compress(bytes(9 * 8))) + _png_chunk(b"IEND", b"")
+    for png in (signature + grey + indexed + idat, signature + _png_chunk(b"tEXt", b"a\0b") + indexed + idat):
+        with pytest.raises(InvalidImage, match="without a PLTE chunk"):
+            prescan(png, LIMITS)
+    prescan(signature + indexed + _png_chunk(b"PLTE", bytes(3)) + idat, LIMITS)

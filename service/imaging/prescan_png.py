@@ -1,0 +1,80 @@
+"""Pre-scanning a PNG (PNG spec, 5.3: length, type, data, CRC) before Pillow opens it: chunk bombs refused.
+
+A PNG file, or one embedded in an ICO (:mod:`service.imaging.prescan_bmp`). The costs it bounds
+are in :mod:`service.imaging.prescan`'s docstring.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import NamedTuple
+
+from service.core.errors import InvalidImage, PayloadTooLarge
+from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+# PNG chunks that carry pixels (PNG spec, 11.2.4 IDAT; APNG's fdAT); every other chunk's data
+# counts as metadata.
+_IMAGE_DATA = frozenset({b"IDAT", b"fdAT"})
+
+
+class PngWalk(NamedTuple):
+    """What :func:`scan_png` found: the largest size any IHDR declares ((0, 0): none), and the
+    chunks walked, counting ``chunks`` of earlier walks."""
+
+    width: int
+    height: int
+    chunks: int
+
+
+def scan_png(data: bytes, limits: PrescanLimits, *, start: int = 0, chunks: int = 0) -> PngWalk:
+    """Walk a PNG's chunks and refuse a structure bomb.
+
+    Stops at IEND, at the end of the data, or at the first limit exceeded. CRCs are Pillow's
+    to check. Every IHDR counts (Pillow keeps the last one, wherever it is).
+
+    Args:
+        data: the file, or a buffer holding the PNG from ``start`` (an ICO's image), which starts
+            with the PNG signature.
+        limits: the limits to apply.
+        start: where the PNG starts in ``data``.
+        chunks: chunks already walked in the same file (an ICO's other images), counted against
+            ``limits.max_png_chunks`` with this PNG's.
+
+    Raises:
+        InvalidImage: an indexed-colour PNG (its last IHDR before the image data says so) with
+            no PLTE chunk before its image data (415).
+        PayloadTooLarge: more chunks than ``limits.max_png_chunks``, or more metadata (bytes of
+            chunks other than IDAT and fdAT) than ``limits.max_metadata_bytes`` (413).
+    """
+    pos, metadata, n = start + len(PNG_SIGNATURE), 0, len(data)
+    width = height = 0
+    indexed = has_palette = False
+    while pos + 8 <= n:
+        length, kind = struct.unpack_from(">I4s", data, pos)
+        if not kind.isalpha():  # PNG spec 5.4: a chunk type is four ASCII letters; corrupt, Pillow says so
+            break
+        if kind == b"IHDR" and pos + 21 <= n:
+            w, h = struct.unpack_from(">II", data, pos + 8)
+            width, height = max(width, w), max(height, h)
+            indexed = data[pos + 17] == 3  # colour type 3: indexed
+        elif kind == b"PLTE":
+            has_palette = True
+        elif kind == b"IDAT" and indexed and not has_palette:  # Pillow would decode the indices as grey levels
+            raise InvalidImage(
+                "the PNG image is corrupt: an indexed-colour image without a PLTE chunk (PNG spec, 11.2.3)"
+            )
+        chunks += 1
+        if chunks > limits.max_png_chunks:
+            raise PayloadTooLarge(
+                f"the PNG image has more than {limits.max_png_chunks} chunks (PATCHSERVE_MAX_PNG_CHUNKS); "
+                "encoders write one per 8-64 KiB of image data: a parser bomb?"
+            )
+        if kind not in _IMAGE_DATA:
+            metadata += min(length, n - pos - 12)  # what the file holds, not what a corrupt length says
+            if metadata > limits.max_metadata_bytes:
+                raise metadata_too_large("PNG", f"at least {metadata}", limits.max_metadata_bytes)
+        if kind == b"IEND":
+            break
+        pos += 12 + length
+    return PngWalk(width, height, chunks)
