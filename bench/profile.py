@@ -109,14 +109,23 @@ def main(argv: list[str] | None = None) -> None:
         default=None,
         help="<repository>/<name> to profile instead (e.g. model_repository/vit-digits: serving overhead alone)",
     )
+    parser.add_argument(
+        "--naive",
+        action="store_true",
+        help="measure the naive endpoint (bench/naive_app.py) on the model's highest version instead, "
+        "for its CPU per request beside patchserve's",
+    )
     args = parser.parse_args(argv)
 
     files = images.prepare(args.work / "images")[args.size]
     repository, name = (args.model.parent, args.model.name) if args.model else (args.work / "model_repository", BENCH)
     server = servers.patchserve(repository, name)
+    if args.naive:
+        version = max((p.name for p in (repository / name).iterdir() if p.name.isdigit()), key=int)
+        [server] = [s for s in servers.contestants(repository, name, version) if s.key == "naive"]
     out = args.work / "profile"
     out.mkdir(parents=True, exist_ok=True)
-    collapsed = out / f"patchserve-{name}-{args.size}-c{args.concurrency}.txt"
+    collapsed = out / f"{server.key}-{name}-{args.size}-c{args.concurrency}.txt"
     py_spy = Path(sys.executable).with_name("py-spy")
     running = servers.start(server, args.work / "logs")
     pid = running.process.pid
