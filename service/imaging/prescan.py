@@ -95,11 +95,15 @@ SCANNERS: tuple[tuple[tuple[bytes, ...], Callable[[bytes, PrescanLimits], object
 )
 
 
-def prescan(data: bytes, limits: PrescanLimits) -> None:
+def prescan(data: bytes, limits: PrescanLimits) -> bool:
     """Refuse a JPEG, PNG, GIF, TIFF, BMP or ICO whose structure would cost Pillow far more than its size suggests.
 
     The scanner of :data:`SCANNERS` whose signature ``data`` starts with walks it; any other data
     passes unchecked (Pillow identifies it).
+
+    Returns:
+        True for a JPEG of two or more scans (progressive, or one component a scan): libjpeg then
+        holds the whole image's coefficients, whatever size it is decoded to.
 
     Raises:
         PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`,
@@ -109,5 +113,6 @@ def prescan(data: bytes, limits: PrescanLimits) -> None:
     """
     for signatures, scan in SCANNERS:
         if data.startswith(signatures):
-            scan(data, limits)
-            return
+            found = scan(data, limits)
+            return scan is scan_jpeg and isinstance(found, int) and found > 0
+    return False

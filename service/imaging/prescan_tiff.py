@@ -159,6 +159,29 @@ def _frame_pixels(walk: _Walk, entries: dict[int, tuple[int, int, int]], tiles: 
     return width * min(length, rows if rows is not None and rows > 0 else length)
 
 
+_TILE_ALLOWANCE = 1 << 20  # pixels a tile may hold beyond its image's: libtiff's 256x256 default on a small image
+
+
+def _check_tile_size(walk: _Walk, entries: dict[int, tuple[int, int, int]]) -> None:
+    """Refuse a tile far larger than its image: Pillow's libtiff decoder allocates the whole tile.
+
+    A 154-byte 16x16 TIFF declaring 16384x16384 tiles took +771 MiB (a third reviewer's find),
+    while the image's pixel count, all that the pixel limit and budget see, was 256. A tile may
+    hold the image's pixels or 1,048,576 (libtiff writes 256x256 tiles even for a tiny image),
+    whichever is more.
+    """
+    if 322 not in entries or 323 not in entries:
+        return
+    values = [walk.first_value(*entries[tag]) if tag in entries else None for tag in (322, 323, 256, 257)]
+    tile_width, tile_length, width, length = (v if v is not None and v > 0 else 0 for v in values)
+    tile = tile_width * tile_length
+    if tile > max(width * length, _TILE_ALLOWANCE):
+        raise PayloadTooLarge(
+            f"the TIFF image's {tile_width}x{tile_length} tiles are far larger than the {width}x{length} image "
+            "(libtiff allocates a whole tile to decode it): a decoding bomb?"
+        )
+
+
 def _scan_jpeg_strips(walk: _Walk, entries: dict[int, tuple[int, int, int]]) -> None:
     """A JPEG-compressed TIFF's strips and tiles walked as JPEG streams, their decoding work summed.
 
@@ -228,6 +251,7 @@ def scan_tiff(data: bytes, limits: PrescanLimits) -> None:
         return
     (first,) = struct.unpack_from(walk.order + walk.pointer, data, 8 if walk.big else 4)
     entries = walk.ifd(first, "first")
+    _check_tile_size(walk, entries)
     _scan_jpeg_strips(walk, entries)
     exif = walk.pointed(entries, _EXIF, "EXIF")
     walk.pointed(entries, _GPS, "GPS")

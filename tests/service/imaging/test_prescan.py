@@ -22,7 +22,7 @@ from PIL import Image, TiffImagePlugin
 from service.core.errors import InvalidImage, PayloadTooLarge
 from service.core.settings import Settings
 from service.http.app import decode_limits
-from service.imaging.images import decode_image
+from service.imaging.images import decode_image, open_image
 from service.imaging.prescan import prescan
 from service.imaging.prescan_limits import PrescanLimits
 from tests.conftest import ROOT, running_app
@@ -696,3 +696,37 @@ def test_an_indexed_ihdr_anywhere_needs_its_palette() -> None:
         with pytest.raises(InvalidImage, match="without a PLTE chunk"):
             prescan(png, LIMITS)
     prescan(signature + indexed + _png_chunk(b"PLTE", bytes(3)) + idat, LIMITS)
+
+
+def test_a_third_reviewers_finds_are_refused() -> None:
+    # Tiles far larger than the image: libtiff allocated a whole 16384x16384 tile for a 16x16 image (+771 MiB).
+    def tiled(tile: int) -> bytes:
+        entries = [
+            (256, 4, 1, 16), (257, 4, 1, 16), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (277, 3, 1, 1), (322, 4, 1, tile), (323, 4, 1, tile), (324, 4, 1, 16), (325, 4, 1, 256),
+        ]  # fmt: skip
+        return _tiff(entries, bytes(256))
+
+    with pytest.raises(PayloadTooLarge, match="16384x16384 tiles are far larger than the 16x16 image"):
+        prescan(tiled(16384), LIMITS)
+    prescan(tiled(256), LIMITS)  # libtiff's default tile on a small image
+    # A second iCCP chunk, or one after the image data: Pillow inflated each (100 in 1.6 MB: 3.2 s).
+    signature, png = b"\x89PNG\r\n\x1a\n", _png((8, 8))
+    header, rest = png[: 8 + 25], png[8 + 25 :]
+    profile = _png_chunk(b"iCCP", b"p\0\0" + zlib.compress(b"\0" * 1000))
+    assert png.startswith(signature)
+    prescan(header + profile + rest, LIMITS)
+    for bad in (header + profile + profile + rest, header + rest[:-12] + profile + rest[-12:]):
+        with pytest.raises(InvalidImage, match="a second iCCP chunk, or one after the image data"):
+            prescan(bad, LIMITS)
+
+
+def test_a_jpeg_of_several_scans_is_reserved_at_full_size() -> None:
+    # A non-interleaved baseline JPEG (a scan per component) holds every coefficient like a progressive
+    # one; at its draft size it reserved 625,681 pixels and held 40 million (a third reviewer's find).
+    baseline = _jpeg((640, 480), quality=90)
+    [(_, start, end)] = [s for s in _segments(baseline) if s[0] == 0xDA]
+    two_scans = baseline[:end] + baseline[start:end] + baseline[end:]
+    assert prescan(two_scans, LIMITS) and not prescan(baseline, LIMITS)
+    assert open_image(baseline, color_mode="RGB", max_pixels=10**6, draft_size=(8, 8)).pixels == 80 * 60
+    assert open_image(two_scans, color_mode="RGB", max_pixels=10**6, draft_size=(8, 8)).pixels == 640 * 480
