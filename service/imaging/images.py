@@ -242,7 +242,7 @@ def open_image(
     if not data:
         raise BadRequest("the image is empty (0 bytes)")
     limits = limits or PrescanLimits()
-    multi_scan = prescan(data, limits)  # before Pillow parses a byte of it
+    scanned = prescan(data, limits)  # before Pillow parses a byte of it
     # Pillow's PNG plugin refuses an ICC profile or text chunk inflating past MAX_TEXT_CHUNK
     # (1 MiB by default, so a valid 2 MB profile was "corrupt"): ours is the metadata limit.
     PngImagePlugin.MAX_TEXT_CHUNK = PngImagePlugin.MAX_TEXT_MEMORY = limits.max_metadata_bytes
@@ -272,12 +272,12 @@ def open_image(
         )
         transposed = orientation in TRANSPOSED_ORIENTATIONS
         width, height = (stored_h, stored_w) if transposed else (stored_w, stored_h)
-        if draft_size is not None and fmt in ("JPEG", "MPO"):
+        if draft_size is not None and fmt in ("JPEG", "MPO") and not scanned.lossless:  # libjpeg cannot scale it
             stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
             image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
         # A non-interleaved baseline JPEG (a scan per component) is held whole too: counted at its
         # draft size, 6324x6324 of them reserved 625,681 pixels and held 40 million (a reviewer's find).
-        full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and (bool(image.info.get("progressive")) or multi_scan))
+        full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and (bool(image.info.get("progressive")) or scanned.multi_scan))
         pixels = stored_w * stored_h if full else image.size[0] * image.size[1]
     return OpenedImage(
         pixels=pixels,

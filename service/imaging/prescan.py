@@ -37,10 +37,11 @@ about 10-60 tags.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 from service.core.errors import PayloadTooLarge
 from service.imaging.prescan_bmp import BMP_SIGNATURE, ICO_SIGNATURE, scan_bmp, scan_ico
-from service.imaging.prescan_jpeg import JPEG_SOI, scan_jpeg
+from service.imaging.prescan_jpeg import JPEG_SOI, JpegWalk, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
 from service.imaging.prescan_png import PNG_SIGNATURE, scan_png
 from service.imaging.prescan_tiff import TIFF_SIGNATURES, scan_tiff
@@ -95,15 +96,23 @@ SCANNERS: tuple[tuple[tuple[bytes, ...], Callable[[bytes, PrescanLimits], object
 )
 
 
-def prescan(data: bytes, limits: PrescanLimits) -> bool:
+class Prescanned(NamedTuple):
+    """What decoding needs to know from the pre-scan: a JPEG of several scans (progressive, or a
+    scan per component: libjpeg then holds the whole image's coefficients, whatever size it is
+    decoded to), and a lossless JPEG (which libjpeg cannot decode scaled)."""
+
+    multi_scan: bool = False
+    lossless: bool = False
+
+
+def prescan(data: bytes, limits: PrescanLimits) -> Prescanned:
     """Refuse a JPEG, PNG, GIF, TIFF, BMP or ICO whose structure would cost Pillow far more than its size suggests.
 
     The scanner of :data:`SCANNERS` whose signature ``data`` starts with walks it; any other data
     passes unchecked (Pillow identifies it).
 
     Returns:
-        True for a JPEG of two or more scans (progressive, or one component a scan): libjpeg then
-        holds the whole image's coefficients, whatever size it is decoded to.
+        :class:`Prescanned`: what a JPEG's walk found; the defaults for any other format.
 
     Raises:
         PayloadTooLarge: a limit of ``limits`` exceeded (413); see :func:`scan_jpeg`, :func:`scan_png`,
@@ -114,5 +123,7 @@ def prescan(data: bytes, limits: PrescanLimits) -> bool:
     for signatures, scan in SCANNERS:
         if data.startswith(signatures):
             found = scan(data, limits)
-            return scan is scan_jpeg and isinstance(found, int) and found > 0
-    return False
+            if isinstance(found, JpegWalk):
+                return Prescanned(multi_scan=found.work > 0, lossless=found.lossless)
+            return Prescanned()
+    return Prescanned()

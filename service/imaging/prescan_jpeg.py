@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import NamedTuple
 
 from service.core.errors import PayloadTooLarge
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
@@ -19,6 +20,18 @@ JPEG_SOI = b"\xff\xd8"
 _SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 _STANDALONE = frozenset({0x01, 0xD8, 0xD9, *range(0xD0, 0xD8)})  # TEM, SOI, EOI, RST0-7: no length
 _SOS, _EOI = 0xDA, 0xD9
+_LOSSLESS = frozenset({0xC3, 0xC7, 0xCB, 0xCF})  # T.81 Annex H: lossless, which libjpeg cannot scale
+
+
+class JpegWalk(NamedTuple):
+    """What :func:`scan_jpeg` found: its decoding work in scan pixels (scans x width x height for two
+    or more scans, from what was walked: a truncated stream counts the scans it holds; 0 for one),
+    and whether its frame is lossless (T.81 Annex H: DCT scaling, the draft mode, does not apply)."""
+
+    work: int
+    lossless: bool
+
+
 # A marker inside or after entropy-coded data (T.81, B.1.1.5): 0xFF followed by anything but a
 # stuffed 0x00, a restart marker or more fill.
 _MARKER_IN_SCAN = re.compile(rb"\xff[\x01-\xcf\xd8-\xfe]")
@@ -62,7 +75,7 @@ def scan_jpeg(
     spent: int = 0,
     what: str = "JPEG image",
     frame: int | None = None,
-) -> int:
+) -> JpegWalk:
     """Walk a JPEG's marker segments (ITU T.81, Annex B) and refuse a structure bomb.
 
     The header up to the first scan is walked segment by segment (each length-prefixed segment
@@ -81,8 +94,7 @@ def scan_jpeg(
         frame: the most pixels its frame (SOF) may declare (a TIFF strip's or tile's); None: any.
 
     Returns:
-        The stream's decoding work in scan pixels: scans x width x height for two or more scans
-        (from what was walked: a truncated stream counts the scans it holds), 0 for one.
+        Its work and frame (:class:`JpegWalk`).
 
     Raises:
         PayloadTooLarge: more scans, scans x pixels (with ``spent``), segments, fill bytes or
@@ -90,10 +102,11 @@ def scan_jpeg(
     """
     n = len(data) if end is None else min(end, len(data))
     pos, fill, segments, metadata, pixels, scans = start + 2, 0, 0, 0, 0, 0
+    lossless = False
     while scans == 0:  # the header: every segment up to and including the first SOS
         at, fill = _next_marker(data, pos, n, fill, limits)
         if at >= n:
-            return 0  # truncated: Pillow says so
+            return JpegWalk(0, lossless)  # truncated: Pillow says so
         marker, pos = data[at], at + 1
         if marker == 0x00:  # 0xFF00 outside a scan: junk that Pillow skips
             fill += 2
@@ -105,16 +118,16 @@ def scan_jpeg(
             break
         if marker in _STANDALONE:
             if marker == _EOI:
-                return 0
+                return JpegWalk(0, lossless)
             continue
         if pos + 2 > n:
-            return 0
+            return JpegWalk(0, lossless)
         (length,) = struct.unpack_from(">H", data, pos)
         if length < 2:
-            return 0  # corrupt: Pillow says so
+            return JpegWalk(0, lossless)  # corrupt: Pillow says so
         if marker in _SOF and pos + 7 <= n:
             height, width = struct.unpack_from(">HH", data, pos + 3)
-            pixels = width * height
+            pixels, lossless = width * height, marker in _LOSSLESS
             if frame is not None and pixels > frame:
                 raise PayloadTooLarge(
                     f"the {what} declares a {width}x{height} frame, more than the {frame} pixels it holds "
@@ -160,4 +173,4 @@ def scan_jpeg(
             f"the {what} has more than {limits.max_jpeg_segments} marker segments (PATCHSERVE_MAX_JPEG_SEGMENTS); "
             "cameras write about 20: a parser bomb?"
         )
-    return scans * pixels if scans > 1 else 0
+    return JpegWalk(scans * pixels if scans > 1 else 0, lossless)

@@ -218,7 +218,7 @@ def _scan_jpeg_strips(walk: _Walk, entries: dict[int, tuple[int, int, int]]) -> 
             work = scan_jpeg(
                 walk.data, walk.limits, start=offset, end=end, spent=spent, what="TIFF image's JPEG strip", frame=frame
             )
-            spent += work * references
+            spent += work.work * references
             if spent > walk.limits.max_jpeg_scan_pixels:
                 raise PayloadTooLarge(
                     f"the TIFF image's JPEG strips take {spent} scan pixels to decode, more than the limit of "

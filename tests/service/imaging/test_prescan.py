@@ -727,6 +727,23 @@ def test_a_jpeg_of_several_scans_is_reserved_at_full_size() -> None:
     baseline = _jpeg((640, 480), quality=90)
     [(_, start, end)] = [s for s in _segments(baseline) if s[0] == 0xDA]
     two_scans = baseline[:end] + baseline[start:end] + baseline[end:]
-    assert prescan(two_scans, LIMITS) and not prescan(baseline, LIMITS)
+    assert prescan(two_scans, LIMITS).multi_scan and not prescan(baseline, LIMITS).multi_scan
     assert open_image(baseline, color_mode="RGB", max_pixels=10**6, draft_size=(8, 8)).pixels == 80 * 60
     assert open_image(two_scans, color_mode="RGB", max_pixels=10**6, draft_size=(8, 8)).pixels == 640 * 480
+
+
+def test_a_lossless_jpeg_is_decoded_at_full_size_when_a_draft_is_asked() -> None:
+    # libjpeg cannot DCT-scale a lossless (SOF3) frame: with a draft size it was a 415 (a third reviewer's find).
+    def segment(marker: int, body: bytes) -> bytes:
+        return bytes((0xFF, marker)) + struct.pack(">H", len(body) + 2) + body
+
+    side = 64
+    lossless = b"\xff\xd8" + segment(
+        0xC3, struct.pack(">BHHB", 8, side, side, 3) + b"\x01\x11\x00\x02\x11\x00\x03\x11\x00"
+    )
+    lossless += segment(0xC4, b"\x00" + bytes([1] + [0] * 15) + b"\x00")  # one code: difference 0
+    lossless += segment(0xDA, b"\x03\x01\x00\x02\x00\x03\x00\x01\x00\x00") + bytes(side * side * 3 // 8) + b"\xff\xd9"
+    assert prescan(lossless, LIMITS).lossless
+    opened = open_image(lossless, color_mode="RGB", max_pixels=10**6, draft_size=(8, 8))
+    assert opened.pixels == side * side
+    assert opened.decode().image.size == (side, side)
