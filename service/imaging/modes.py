@@ -61,9 +61,8 @@ def orientation(image: Image.Image, max_tags: int = 1024) -> int:
     An EXIF block (a JPEG's APP1, a PNG's eXIf or "Raw profile type exif" text, a WebP's EXIF
     chunk) whose first IFD holds more than ``max_tags`` entries (``PATCHSERVE_MAX_TIFF_TAGS``, as a
     TIFF's), or whose orientation entry holds more than one value, is not parsed and counts as
-    absent: Pillow parses every entry in Python (65,535 in a
-    786 KB PNG or WebP: 0.16-0.2 s, a fresh user's find), and no camera writes more than about a
-    hundred.
+    absent: Pillow parses every entry in Python (65,535 in a 786 KB PNG or WebP: 0.16-0.2 s, a
+    fresh user's find), and no camera writes more than about a hundred.
     """
     exif, raw = image.info.get("exif"), image.info.get("Raw profile type exif")
     if exif is None and isinstance(raw, str):  # ImageMagick's PNG text chunk, which Pillow's getexif reads
