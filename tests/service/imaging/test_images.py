@@ -356,6 +356,15 @@ def test_32bit_integer_and_float_tiffs_are_415_naming_the_mode_and_the_depths(ar
     assert decode(sixteen.getvalue(), "L").shape == (6, 8)  # the same picture at 16 bits is decoded
 
 
+@pytest.fixture
+def parsed(monkeypatch) -> list[int]:
+    """One entry for each time Pillow's EXIF parser (``Image.getexif``) runs."""
+    calls: list[int] = []
+    real = Image.Image.getexif
+    monkeypatch.setattr(Image.Image, "getexif", lambda image: calls.append(1) or real(image))
+    return calls
+
+
 def _exif_of(entries: int, orientation: int = 6) -> bytes:
     """A little-endian EXIF block: the orientation, then ``entries - 1`` private SHORT tags, in its first IFD."""
     tags = [(0x0112, 3, 1, orientation)] + [(0xC000 + i % 0x3000, 3, 1, 0) for i in range(entries - 1)]
@@ -364,13 +373,10 @@ def _exif_of(entries: int, orientation: int = 6) -> bytes:
 
 
 @pytest.mark.parametrize("fmt", ["PNG", "WEBP"])
-def test_an_exif_block_of_more_entries_than_the_tiff_limit_is_not_parsed(fmt: str, monkeypatch) -> None:
+def test_an_exif_block_of_more_entries_than_the_tiff_limit_is_not_parsed(fmt: str, parsed: list[int]) -> None:
     # A fresh user's find: 65,535 entries in a PNG's or WebP's EXIF (786 KB) cost 0.16-0.2 s of Pillow's
     # Python parser when the orientation was read; over PATCHSERVE_MAX_TIFF_TAGS (1,024) it is not read.
     # (A JPEG's EXIF is bounded by its 64 KB APP1 segment, and Pillow parses it while opening for the DPI.)
-    parsed: list[int] = []
-    real = Image.Image.getexif
-    monkeypatch.setattr(Image.Image, "getexif", lambda image: parsed.append(1) or real(image))
     picture = Image.new("RGB", (40, 20), (200, 10, 10))
 
     def saved(exif: bytes) -> bytes:
@@ -385,12 +391,9 @@ def test_an_exif_block_of_more_entries_than_the_tiff_limit_is_not_parsed(fmt: st
     assert (over.width, over.height) == (40, 20) and not parsed  # not parsed: as stored
 
 
-def test_an_exif_block_in_a_text_chunk_or_with_its_ifd_in_its_header_is_counted_too(monkeypatch) -> None:
+def test_an_exif_block_in_a_text_chunk_or_with_its_ifd_in_its_header_is_counted_too(parsed: list[int]) -> None:
     # A second reviewer's: ImageMagick's "Raw profile type exif" text, which Pillow's getexif also
     # parses, and an IFD offset of 0, which Pillow follows into the header ("II" read as 18,761 entries).
-    parsed: list[int] = []
-    real = Image.Image.getexif
-    monkeypatch.setattr(Image.Image, "getexif", lambda image: parsed.append(1) or real(image))
     text = PngImagePlugin.PngInfo()
     exif = _exif_of(65_535)
     text.add_text("Raw profile type exif", f"\nexif\n{len(exif)}\n" + exif.hex(), zip=True)
@@ -403,11 +406,8 @@ def test_an_exif_block_in_a_text_chunk_or_with_its_ifd_in_its_header_is_counted_
     assert decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**6).width == 40 and not parsed
 
 
-def test_an_orientation_of_many_values_is_not_parsed(monkeypatch) -> None:
+def test_an_orientation_of_many_values_is_not_parsed(parsed: list[int]) -> None:
     # A third reviewer's: one orientation entry of 1.9 million rationals, each an object once read (2 s, +293 MiB).
-    parsed: list[int] = []
-    real = Image.Image.getexif
-    monkeypatch.setattr(Image.Image, "getexif", lambda image: parsed.append(1) or real(image))
     values = 100_000
     exif = b"II*\x00" + struct.pack("<I", 8) + struct.pack("<HHHII", 1, 0x0112, 5, values, 26) + bytes(4)
     buffer = io.BytesIO()
