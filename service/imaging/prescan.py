@@ -1,4 +1,4 @@
-"""Pre-scanning JPEG, PNG, GIF, TIFF, BMP and ICO files, in bytes, before Pillow opens them: bombs refused.
+"""Pre-scanning JPEG, PNG, GIF, TIFF, BMP, ICO and AVIF files, in bytes, before Pillow opens them: bombs refused.
 
 Pillow parses a JPEG's header segments and a PNG's chunks in pure Python, one Python object (or
 several) per segment, chunk or fill byte, and libjpeg decodes each progressive scan over the
@@ -22,8 +22,9 @@ file that breaks the structure in a way these limits do not cover is left to Pil
 reports it as truncated or corrupt. A TIFF is not bounded by its format: one IFD entry may hold
 2^32 values (TIFF 6.0, Section 2), and Pillow reads the strip and tile offsets into Python objects
 (:mod:`service.imaging.prescan_tiff`). A BMP's run-length encoding is decoded in Python, and an
-ICO's image is decoded while it is opened (:mod:`service.imaging.prescan_bmp`). Other formats pass
-through: their parsers are C (libwebp, libavif, an uncompressed BMP's).
+ICO's image is decoded while it is opened (:mod:`service.imaging.prescan_bmp`). An AVIF's AV1 frame
+may be larger than the size Pillow reads (:mod:`service.imaging.prescan_avif`). Other formats pass
+through: their parsers are C (libwebp, an uncompressed BMP's).
 
 The limits (:class:`PrescanLimits`) are far above what real cameras and encoders write: libjpeg
 and libjpeg-turbo write 10 scans for a colour progressive JPEG (6 for grey), mozjpeg's searched
@@ -40,6 +41,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from service.core.errors import PayloadTooLarge
+from service.imaging.prescan_avif import is_avif, scan_avif
 from service.imaging.prescan_bmp import BMP_SIGNATURE, ICO_SIGNATURE, scan_bmp, scan_ico
 from service.imaging.prescan_jpeg import JPEG_SOI, JpegWalk, scan_jpeg
 from service.imaging.prescan_limits import PrescanLimits, metadata_too_large
@@ -120,6 +122,9 @@ def prescan(data: bytes, limits: PrescanLimits) -> Prescanned:
         InvalidImage: a structure Pillow would misread (415): an indexed PNG without a palette,
             a big-endian BigTIFF.
     """
+    if is_avif(data):  # its signature is not at the start: a box size comes first
+        scan_avif(data, limits)
+        return Prescanned()
     for signatures, scan in SCANNERS:
         if data.startswith(signatures):
             found = scan(data, limits)

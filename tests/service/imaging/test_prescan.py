@@ -24,6 +24,7 @@ from service.core.settings import Settings
 from service.http.app import decode_limits
 from service.imaging.images import decode_image, open_image
 from service.imaging.prescan import prescan
+from service.imaging.prescan_avif import coded_items
 from service.imaging.prescan_limits import PrescanLimits
 from tests.conftest import ROOT, running_app
 
@@ -747,3 +748,21 @@ def test_a_lossless_jpeg_is_decoded_at_full_size_when_a_draft_is_asked() -> None
     opened = open_image(lossless, color_mode="RGB", max_pixels=10**6, draft_size=(8, 8))
     assert opened.pixels == side * side
     assert opened.decode().image.size == (side, side)
+
+
+def test_an_avif_frame_larger_than_its_item_is_refused() -> None:
+    # A third reviewer's: dav1d decodes the AV1 frame at its sequence header's size whatever the
+    # item's ispe says (a 1,961-byte file, 12000x12000 in a 16x16 ispe: +298 MiB, 256 pixels reserved).
+    def avif(mode: str, size: tuple[int, int]) -> bytes:
+        buffer = io.BytesIO()
+        Image.new(mode, size, (90, 120, 200, 128)[: len(mode)]).save(buffer, "AVIF", speed=10, quality=50)
+        return buffer.getvalue()
+
+    # The walk reads what libavif will: each coded item's ispe and its sequence header (colour and alpha).
+    assert coded_items(avif("RGBA", (33, 17))) == [((33, 17), (33, 17))] * 2
+    assert decode_image(avif("RGB", (33, 17)), color_mode="RGB", max_pixels=10**6).image.size == (33, 17)
+    bomb = bytearray(avif("RGB", (256, 256)))
+    at = bomb.index(b"ispe")
+    struct.pack_into(">II", bomb, at + 8, 16, 16)
+    with pytest.raises(PayloadTooLarge, match="AV1 frame is 256x256, larger than the 16x16 its item declares"):
+        prescan(bytes(bomb), LIMITS)

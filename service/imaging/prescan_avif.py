@@ -1,0 +1,276 @@
+"""Pre-scanning an AVIF still image (ISO/IEC 23008-12 HEIF items, AV1 Image File Format) before it is decoded.
+
+Pillow reads an AVIF's size from the primary item's ``ispe`` property, and the pixel limit and the
+worker's budget count that size; but libavif hands the item's AV1 bitstream to dav1d, which
+decodes each frame at the size the bitstream's own sequence header gives (AV1 spec, 5.5.1:
+``max_frame_width_minus_1``, ``max_frame_height_minus_1``), up to libavif's 16384x16384. A
+reviewer's 1,961-byte file with a 12000x12000 frame inside a 16x16 ``ispe`` took 0.29 s and
++298 MiB while 256 pixels were reserved. This walk reads each coded item's ``ispe`` (through
+``ipma``) and the sequence headers in its data (through ``iloc``), and refuses a frame larger than
+its item's ``ispe``. Anything it cannot follow is left to libavif, which reports a corrupt file;
+image sequences (``avis`` tracks) are not walked.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterator
+
+from service.core.errors import PayloadTooLarge
+from service.imaging.prescan_limits import PrescanLimits
+
+_MAX_BOXES = 4096  # boxes walked in one container; an AVIF still holds a few dozen
+_MAX_OBUS = 256  # OBUs walked in one item: a still image's are a handful (AV1 spec, 7.5)
+_MAX_HEADERS = 4  # sequence headers in one item: a still image's is one
+_MAX_SPANS = 1024  # item extents walked in one file: a grid of 32x32 tiles
+_SEQUENCE_HEADER = 1  # obu_type (AV1 spec, 6.2.2)
+
+
+def is_avif(data: bytes) -> bool:
+    """An ISO BMFF file (``ftyp`` first) whose major brand is AVIF's, as Pillow's plugin accepts it."""
+    return data[4:8] == b"ftyp" and data[8:12] in (b"avif", b"avis", b"mif1", b"msf1")
+
+
+def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
+    """(type, payload start, payload end) of the boxes in ``data[start:end]`` (ISO/IEC 14496-12, 4.2)."""
+    pos, seen = start, 0
+    while pos + 8 <= end and seen < _MAX_BOXES:
+        size, kind = struct.unpack_from(">I4s", data, pos)
+        header = 8
+        if size == 1 and pos + 16 <= end:
+            (size,) = struct.unpack_from(">Q", data, pos + 8)
+            header = 16
+        elif size == 0:
+            size = end - pos
+        if size < header or pos + size > end:
+            return
+        yield kind, pos + header, pos + size
+        pos += size
+        seen += 1
+
+
+def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | None:
+    return next(((s, e) for k, s, e in _boxes(data, start, end) if k == kind), None)
+
+
+def _uint(data: bytes, pos: int, size: int) -> int:
+    return int.from_bytes(data[pos : pos + size], "big") if size else 0
+
+
+def _locations(data: bytes, start: int, end: int, idat: tuple[int, int] | None) -> dict[int, list[tuple[int, int]]]:
+    """``iloc`` (ISO/IEC 14496-12, 8.11.3): item ID -> its extents (offset, length) in ``data``.
+
+    Extents in the file (construction method 0) or in the ``idat`` box (1); items built from other
+    items (2) are left out.
+    """
+    version = data[start]
+    pos = start + 4
+    offset_size, length_size = data[pos] >> 4, data[pos] & 15
+    base_size, index_size = data[pos + 1] >> 4, (data[pos + 1] & 15 if version in (1, 2) else 0)
+    pos += 2
+    width = 4 if version == 2 else 2
+    count = _uint(data, pos, width)
+    pos += width
+    found: dict[int, list[tuple[int, int]]] = {}
+    extents_left = _MAX_BOXES  # in all items: each may take no bytes (offset and length sizes of 0)
+    for _ in range(min(count, _MAX_BOXES)):
+        item = _uint(data, pos, width)
+        pos += width
+        method = 0
+        if version in (1, 2):
+            method = data[pos + 1] & 15
+            pos += 2
+        pos += 2  # data_reference_index
+        base = _uint(data, pos, base_size)
+        pos += base_size
+        extents = _uint(data, pos, 2)
+        pos += 2
+        spans = []
+        for _ in range(min(extents, extents_left)):
+            extents_left -= 1
+            pos += index_size if version in (1, 2) else 0
+            offset, length = _uint(data, pos, offset_size), _uint(data, pos + offset_size, length_size)
+            pos += offset_size + length_size
+            if method == 0 or (method == 1 and idat is not None):
+                origin, limit = (0, len(data)) if method == 0 or idat is None else idat
+                first = origin + base + offset
+                spans.append((first, length if length else limit - first))  # 0: to the end of its container
+        if pos > end or extents_left <= 0:
+            break
+        if method in (0, 1):
+            found[item] = spans
+    return found
+
+
+def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
+    """``iprp``: item ID -> its ``ispe`` (width, height), through ``ipco`` and ``ipma`` (ISO/IEC 23008-12, 9.3)."""
+    ipco = _child(data, start, end, b"ipco")
+    if ipco is None:
+        return {}
+    spatial = {
+        index: struct.unpack_from(">II", data, s + 4)
+        for index, (kind, s, e) in enumerate(_boxes(data, *ipco), start=1)
+        if kind == b"ispe" and e - s >= 12
+    }
+    found: dict[int, tuple[int, int]] = {}
+    for kind, s, e in _boxes(data, start, end):
+        if kind != b"ipma" or e - s < 8:
+            continue
+        version, large = data[s], data[s + 3] & 1
+        pos = s + 4
+        (count,) = struct.unpack_from(">I", data, pos)
+        pos += 4
+        width = 2 if version < 1 else 4
+        for _ in range(min(count, _MAX_BOXES)):
+            if pos + width + 1 > e:
+                break
+            item, associations = _uint(data, pos, width), data[pos + width]
+            pos += width + 1
+            if pos + associations * (2 if large else 1) > e:
+                break
+            for _ in range(associations):
+                index = _uint(data, pos, 2 if large else 1) & (0x7FFF if large else 0x7F)
+                pos += 2 if large else 1
+                if index in spatial:
+                    found[item] = spatial[index]
+    return found
+
+
+class _Bits:
+    """An MSB-first bit reader (AV1 spec, 4.10.2 f(n), 4.10.3 uvlc())."""
+
+    def __init__(self, data: bytes, start: int, end: int) -> None:
+        self.data, self.bit, self.end = data, start * 8, end * 8
+
+    def f(self, n: int) -> int:
+        if self.bit + n > self.end:
+            raise EOFError
+        value = 0
+        for _ in range(n):
+            value = value << 1 | (self.data[self.bit >> 3] >> (7 - (self.bit & 7))) & 1
+            self.bit += 1
+        return value
+
+    def uvlc(self) -> int:
+        zeros = 0
+        while not self.f(1):
+            zeros += 1
+            if zeros >= 32:
+                return (1 << 32) - 1
+        return self.f(zeros) + (1 << zeros) - 1
+
+
+def _frame_size(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """``max_frame_width_minus_1 + 1``, ``max_frame_height_minus_1 + 1`` of a sequence header OBU (AV1 spec, 5.5.1)."""
+    bits = _Bits(data, start, end)
+    bits.f(3)  # seq_profile
+    bits.f(1)  # still_picture
+    if bits.f(1):  # reduced_still_picture_header
+        bits.f(5)  # seq_level_idx[0]
+    else:
+        decoder_model, delay_length = False, 0
+        if bits.f(1):  # timing_info_present_flag
+            bits.f(32), bits.f(32)  # num_units_in_display_tick, time_scale
+            if bits.f(1):  # equal_picture_interval
+                bits.uvlc()
+            decoder_model = bool(bits.f(1))
+            if decoder_model:
+                delay_length = bits.f(5) + 1
+                bits.f(32), bits.f(5), bits.f(5)
+        display_delay = bits.f(1)
+        for _ in range(bits.f(5) + 1):  # operating points
+            bits.f(12)
+            if bits.f(5) > 7:  # seq_level_idx
+                bits.f(1)
+            if decoder_model and bits.f(1):
+                bits.f(delay_length), bits.f(delay_length), bits.f(1)
+            if display_delay and bits.f(1):
+                bits.f(4)
+    width_bits, height_bits = bits.f(4) + 1, bits.f(4) + 1
+    return bits.f(width_bits) + 1, bits.f(height_bits) + 1
+
+
+def _largest_frame(data: bytes, start: int, end: int) -> tuple[int, int]:
+    """The largest frame any sequence header in an item's data declares ((0, 0): none read).
+
+    Raises:
+        PayloadTooLarge: more OBUs or sequence headers than a still image holds (each was a way
+            to hide a larger frame's header from a bounded walk).
+    """
+    pos, width, height, headers = start, 0, 0, 0
+    for obus in range(_MAX_OBUS + 1):
+        if pos >= end:
+            break
+        if obus == _MAX_OBUS:
+            raise PayloadTooLarge(
+                f"the AVIF image's item holds more than {_MAX_OBUS} AV1 OBUs; a still image holds a handful"
+            )
+        header = data[pos]
+        kind, extension, sized = (header >> 3) & 15, (header >> 2) & 1, (header >> 1) & 1
+        pos += 1 + extension
+        size = end - pos
+        if sized:
+            size = shift = 0
+            while pos < end and shift < 56:  # leb128 (AV1 spec, 4.10.5)
+                byte = data[pos]
+                pos += 1
+                size |= (byte & 0x7F) << shift
+                shift += 7
+                if not byte & 0x80:
+                    break
+        if kind == _SEQUENCE_HEADER:
+            headers += 1
+            if headers > _MAX_HEADERS:
+                raise PayloadTooLarge(
+                    f"the AVIF image's item holds more than {_MAX_HEADERS} AV1 sequence headers; a still image "
+                    "holds one"
+                )
+            try:
+                w, h = _frame_size(data, pos, min(pos + size, end))
+            except EOFError:
+                break
+            width, height = max(width, w), max(height, h)
+        pos += size
+    return width, height
+
+
+def coded_items(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Each coded item's extent with an ``ispe``: (its ``ispe`` (width, height), the largest frame its
+    sequence headers declare, (0, 0) when none was read). Empty when the file's ``meta`` cannot be followed."""
+    n = len(data)
+    meta = _child(data, 0, n, b"meta")
+    if meta is None:
+        return []
+    start, end = meta[0] + 4, meta[1]  # a FullBox: version and flags first
+    iloc, iprp, idat = (_child(data, start, end, kind) for kind in (b"iloc", b"iprp", b"idat"))
+    if iloc is None or iprp is None:
+        return []
+    sizes = _properties(data, *iprp)
+    spans = [
+        (sizes[item], span)
+        for item, item_spans in _locations(data, *iloc, idat).items()
+        if item in sizes
+        for span in item_spans
+    ]
+    if len(spans) > _MAX_SPANS:
+        raise PayloadTooLarge(f"the AVIF image has more than {_MAX_SPANS} coded item extents: a parser bomb?")
+    return [(declared, _largest_frame(data, offset, min(offset + length, n))) for declared, (offset, length) in spans]
+
+
+def scan_avif(data: bytes, limits: PrescanLimits) -> None:
+    """Refuse an AVIF still whose AV1 frame is larger than its item's ``ispe`` (module docstring).
+
+    Raises:
+        PayloadTooLarge: a coded item whose sequence header declares a frame wider or taller than
+            the item's ``ispe`` property (413).
+    """
+    try:
+        items = coded_items(data)
+    except (struct.error, IndexError):  # cut short where the walk reads: libavif reports it corrupt
+        return
+    for declared, frame in items:
+        if frame[0] > declared[0] or frame[1] > declared[1]:
+            raise PayloadTooLarge(
+                f"the AVIF image's AV1 frame is {frame[0]}x{frame[1]}, larger than the {declared[0]}x{declared[1]} "
+                "its item declares (ispe), which is what its pixels are counted by: a decoding bomb?"
+            )
