@@ -103,16 +103,20 @@ def _locations(data: bytes, start: int, end: int, idat: tuple[int, int] | None) 
 
 
 def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
-    """``iprp``: item ID -> its ``ispe`` (width, height), through ``ipco`` and ``ipma`` (ISO/IEC 23008-12, 9.3)."""
+    """``iprp``: AV1 item ID -> its ``ispe`` (width, height), through ``ipco`` and ``ipma`` (ISO/IEC 23008-12,
+    9.3). Only items with an ``av1C`` property count: a HEIF's HEVC items share the container, not the codec."""
     ipco = _child(data, start, end, b"ipco")
     if ipco is None:
         return {}
+    boxes = list(enumerate(_boxes(data, *ipco), start=1))
     spatial = {
         index: struct.unpack_from(">II", data, s + 4)
-        for index, (kind, s, e) in enumerate(_boxes(data, *ipco), start=1)
+        for index, (kind, s, e) in boxes
         if kind == b"ispe" and e - s >= 12
     }
+    av1 = {index for index, (kind, _, _) in boxes if kind == b"av1C"}
     found: dict[int, tuple[int, int]] = {}
+    coded: set[int] = set()
     for kind, s, e in _boxes(data, start, end):
         if kind != b"ipma" or e - s < 8:
             continue
@@ -133,7 +137,8 @@ def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]
                 pos += 2 if large else 1
                 if index in spatial:
                     found[item] = spatial[index]
-    return found
+                coded.update((item,) if index in av1 else ())
+    return {item: size for item, size in found.items() if item in coded}
 
 
 class _Bits:
