@@ -34,7 +34,9 @@ def is_avif(data: bytes) -> bool:
 def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]]:
     """(type, payload start, payload end) of the boxes in ``data[start:end]`` (ISO/IEC 14496-12, 4.2)."""
     pos, seen = start, 0
-    while pos + 8 <= end and seen < _MAX_BOXES:
+    while pos + 8 <= end:
+        if seen == _MAX_BOXES:  # what lies beyond would go unread: refused rather than skipped
+            raise _too_many("boxes in one container")
         size, kind = struct.unpack_from(">I4s", data, pos)
         header = 8
         if size == 1 and pos + 16 <= end:
@@ -47,6 +49,10 @@ def _boxes(data: bytes, start: int, end: int) -> Iterator[tuple[bytes, int, int]
         yield kind, pos + header, pos + size
         pos += size
         seen += 1
+
+
+def _too_many(what: str) -> PayloadTooLarge:
+    return PayloadTooLarge(f"the AVIF image has more than {_MAX_BOXES} {what}; a still image holds a few dozen")
 
 
 def _child(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int] | None:
@@ -73,7 +79,9 @@ def _locations(data: bytes, start: int, end: int, idat: tuple[int, int] | None) 
     pos += width
     found: dict[int, list[tuple[int, int]]] = {}
     extents_left = _MAX_BOXES  # in all items: each may take no bytes (offset and length sizes of 0)
-    for _ in range(min(count, _MAX_BOXES)):
+    if count > _MAX_BOXES:
+        raise _too_many("items")
+    for _ in range(count):
         item = _uint(data, pos, width)
         pos += width
         method = 0
@@ -85,9 +93,11 @@ def _locations(data: bytes, start: int, end: int, idat: tuple[int, int] | None) 
         pos += base_size
         extents = _uint(data, pos, 2)
         pos += 2
+        extents_left -= extents
+        if extents_left < 0:
+            raise _too_many("item extents")
         spans = []
-        for _ in range(min(extents, extents_left)):
-            extents_left -= 1
+        for _ in range(extents):
             pos += index_size if version in (1, 2) else 0
             offset, length = _uint(data, pos, offset_size), _uint(data, pos + offset_size, length_size)
             pos += offset_size + length_size
@@ -95,10 +105,10 @@ def _locations(data: bytes, start: int, end: int, idat: tuple[int, int] | None) 
                 origin, limit = (0, len(data)) if method == 0 or idat is None else idat
                 first = origin + base + offset
                 spans.append((first, length if length else limit - first))  # 0: to the end of its container
-        if pos > end or extents_left <= 0:
-            break
         if method in (0, 1):
             found[item] = spans
+        if pos > end:
+            break
     return found
 
 
@@ -125,7 +135,9 @@ def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]
         (count,) = struct.unpack_from(">I", data, pos)
         pos += 4
         width = 2 if version < 1 else 4
-        for _ in range(min(count, _MAX_BOXES)):
+        if count > _MAX_BOXES:
+            raise _too_many("property associations")
+        for _ in range(count):
             if pos + width + 1 > e:
                 break
             item, associations = _uint(data, pos, width), data[pos + width]
@@ -251,15 +263,20 @@ def coded_items(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     if iloc is None or iprp is None:
         return []
     sizes = _properties(data, *iprp)
-    spans = [
-        (sizes[item], span)
-        for item, item_spans in _locations(data, *iloc, idat).items()
-        if item in sizes
-        for span in item_spans
-    ]
-    if len(spans) > _MAX_SPANS:
+    located = {item: spans for item, spans in _locations(data, *iloc, idat).items() if item in sizes}
+    if sum(len(spans) for spans in located.values()) > _MAX_SPANS:
         raise PayloadTooLarge(f"the AVIF image has more than {_MAX_SPANS} coded item extents: a parser bomb?")
-    return [(declared, _largest_frame(data, offset, min(offset + length, n))) for declared, (offset, length) in spans]
+    ranges = [[(offset, min(offset + length, n)) for offset, length in spans] for spans in located.values()]
+    if sum(max(stop - first, 0) for spans in ranges for first, stop in spans) > n:
+        raise PayloadTooLarge("the AVIF image's coded items overlap (they name more bytes than the file holds)")
+    found = []
+    for item, extents in zip(located, ranges, strict=True):
+        if len(extents) == 1:  # read in place
+            found.append((sizes[item], _largest_frame(data, *extents[0])))
+        else:  # libavif concatenates an item's extents: an OBU may straddle two
+            joined = b"".join(data[first:stop] for first, stop in extents)
+            found.append((sizes[item], _largest_frame(joined, 0, len(joined))))
+    return found
 
 
 def scan_avif(data: bytes, limits: PrescanLimits) -> None:
