@@ -147,8 +147,8 @@ def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]
             for _ in range(associations):
                 index = _uint(data, pos, 2 if large else 1) & (0x7FFF if large else 0x7F)
                 pos += 2 if large else 1
-                if index in spatial:
-                    found[item] = spatial[index]
+                if index in spatial:  # the first, as libavif reads it (a second, larger one hid a frame)
+                    found.setdefault(item, spatial[index])
                 coded.update((item,) if index in av1 else ())
     return {item: size for item, size in found.items() if item in coded}
 

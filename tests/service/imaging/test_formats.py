@@ -35,6 +35,9 @@ COMMITTED: dict[str, tuple[int, tuple[int, int] | str]] = {
     "pillow/broken.png": (415, "the PNG image is corrupt"),
     "pillow/chi.gif": (200, (320, 240)),
     "pillow/decompression_bomb.gif": (413, "4364696535 pixels"),
+    # A reviewer's (2026-12-05): two ispe properties on one item, 16x16 first (which libavif reads)
+    # then 2048x2048, around a 2048x2048 AV1 frame; the pre-scan took the last and let it through.
+    "generated/avif_two_ispe.avif": (413, "AV1 frame is 2048x2048, larger than the 16x16 its item declares"),
     "pillow/hopper.bmp": (200, (128, 128)),
     "pillow/hopper.heif": (200, (128, 128)),  # with the heic extra, which `make test` installs
     "pillow/hopper.tif": (200, (128, 128)),
