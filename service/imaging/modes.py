@@ -55,7 +55,7 @@ def _exif_too_costly(exif: bytes, max_tags: int) -> bool:
     return False
 
 
-def orientation(image: Image.Image, max_tags: int = 1024) -> int:
+def orientation(image: Image.Image, max_tags: int) -> int:
     """The EXIF orientation (1-8); 1 when absent, out of range or unreadable.
 
     An EXIF block (a JPEG's APP1, a PNG's eXIf or "Raw profile type exif" text, a WebP's EXIF

@@ -252,8 +252,12 @@ def _largest_frame(data: bytes, start: int, end: int) -> tuple[int, int]:
 
 
 def coded_items(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Each coded item's extent with an ``ispe``: (its ``ispe`` (width, height), the largest frame its
-    sequence headers declare, (0, 0) when none was read). Empty when the file's ``meta`` cannot be followed."""
+    """Each AV1 item with an ``ispe``: (its first ``ispe`` (width, height), the largest frame the sequence
+    headers in its data declare, (0, 0) when none was read). Empty when the file's ``meta`` cannot be followed.
+
+    Raises:
+        PayloadTooLarge: more boxes, items, extents or OBUs than the walk reads, or items overlapping (413).
+    """
     n = len(data)
     meta = _child(data, 0, n, b"meta")
     if meta is None:
