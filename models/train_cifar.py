@@ -22,7 +22,11 @@ script (``--teacher``; the CNN), frozen, in eval mode. ``--erase`` adds DeiT's r
 The device is chosen automatically (CUDA when ``torch.cuda.is_available()``, with bf16
 autocast; else the CPU, float32, all of its cores). ``torch.compile`` is used where it
 works (``--no-compile`` turns it off). Each epoch ends with a resumable ``last.pt``;
-``--resume`` picks a killed run up where it stopped. ``--init`` starts from the weights of an earlier
+``--resume`` picks a killed run up where it stopped, and ``--sitting-minutes M`` ends a sitting
+cleanly (``last.pt`` written) before an epoch that would end past M minutes: a lent GPU machine's
+time, or a shared machine's evening. ``last.pt`` records each sitting's epochs, device and time
+(``sittings`` in ``metrics.json``), so a run trained partly on a CPU and partly on a GPU says so.
+``--init`` starts from the weights of an earlier
 run's ``checkpoint.pt`` (same architecture and config) with a fresh optimizer and schedule: a
 second, shorter cosine cycle at a lower peak learning rate continues a run whose schedule has
 ended (a warm restart, Loshchilov & Hutter, "SGDR", 2017).
@@ -208,6 +212,14 @@ def device_description(device: torch.device) -> str:
     return f"cpu: {torch.get_num_threads()} threads of {os.cpu_count()} cores, {model_name}"
 
 
+def save_atomically(state: dict[str, Any], path: Path) -> None:
+    """``torch.save`` to a temporary file beside ``path``, then rename: a run killed mid-save
+    (a sitting's time limit, a machine given back) leaves the previous ``path`` whole."""
+    partial = path.with_name(path.name + ".partial")
+    torch.save(state, partial)
+    os.replace(partial, path)
+
+
 def train(
     out: Path,
     *,
@@ -230,6 +242,7 @@ def train(
     limit_per_class: int | None = None,
     resume: bool = False,
     init: Path | None = None,
+    sitting_minutes: float | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
     """Train on CIFAR-10's training split, evaluate on its test split, write the run's files.
@@ -247,9 +260,12 @@ def train(
         resume: continue from ``out/last.pt`` if it exists.
         init: a ``checkpoint.pt`` of this script to start from (its weights only); its
             architecture and config must be ``arch``'s. ``epochs`` then counts the new epochs.
+        sitting_minutes: end this call before an epoch that, at the last epoch's pace, would end
+            past this many minutes of the call (``last.pt`` written; ``resume`` continues).
 
     Returns:
-        The metrics written to ``metrics.json``.
+        The metrics written to ``metrics.json``; after a sitting that stopped before ``epochs``,
+        only ``{"epoch": ..., "epochs": ...}`` (nothing but ``last.pt`` is written then).
 
     Raises:
         ValueError: ``teacher`` given without ``arch`` "deit" or missing with it; ``init`` is not
@@ -290,9 +306,10 @@ def train(
         "learning rate": [],
     }
     first_epoch, elapsed, train_seconds, images_seen = 0, 0.0, 0.0, 0
+    sittings: list[dict[str, Any]] = []
     last = out / "last.pt"
     if resume and last.exists():
-        state = torch.load(last, map_location=device, weights_only=False)
+        state = torch.load(last, map_location="cpu", weights_only=False)  # the generator stays on the CPU
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
         schedule.load_state_dict(state["schedule"])
@@ -300,6 +317,8 @@ def train(
         history = {k: [tuple(p) for p in v] for k, v in state["history"].items()}
         first_epoch, elapsed = state["epoch"], state["elapsed"]
         train_seconds, images_seen = state["train_seconds"], state["images_seen"]
+        # a last.pt from before sittings were recorded: its epochs, device unknown
+        sittings = state.get("sittings", [{"epochs": [1, first_epoch], "device": None, "seconds": round(elapsed, 1)}])
         log.info("resumed %s at epoch %d (%.0f s done)", last, first_epoch, elapsed)
 
     log.info(
@@ -314,7 +333,19 @@ def train(
     )
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter() - elapsed
+    sitting_started, last_epoch_total = time.perf_counter(), 0.0
+    sitting: dict[str, Any] = {
+        "epochs": [first_epoch + 1, first_epoch],
+        "device": device_description(device),
+        "seconds": 0.0,
+    }
+    sittings = [*sittings, sitting]
     for epoch in range(first_epoch, epochs):
+        projected_end = time.perf_counter() - sitting_started + last_epoch_total
+        if sitting_minutes is not None and epoch > first_epoch and projected_end > 60 * sitting_minutes:
+            log.info("sitting ends before epoch %d (%.1f min); --resume continues", epoch + 1, sitting_minutes)
+            return {"epoch": epoch, "epochs": epochs}
+        iteration_started = time.perf_counter()
         model.train()
         order = torch.randperm(len(x_train), generator=generator).to(device)
         epoch_started, loss_sum = time.perf_counter(), torch.zeros((), device=device)
@@ -360,7 +391,8 @@ def train(
             steps_per_epoch * batch_size / epoch_seconds,
             (time.perf_counter() - started) / 60,
         )
-        torch.save(
+        sitting["epochs"][1], sitting["seconds"] = epoch + 1, round(time.perf_counter() - sitting_started, 1)
+        save_atomically(
             {
                 "model": model.state_dict(),
                 "optimizer": optimizer.state_dict(),
@@ -371,9 +403,11 @@ def train(
                 "elapsed": time.perf_counter() - started,
                 "train_seconds": train_seconds,
                 "images_seen": images_seen,
+                "sittings": sittings,
             },
             last,
         )
+        last_epoch_total = time.perf_counter() - iteration_started
 
     wall_seconds = time.perf_counter() - started
     test_loss, test_accuracy = evaluate(model, x_test, y_test, mean, std)
@@ -398,6 +432,7 @@ def train(
         "train_images": len(x_train),
         "test_images": len(x_test),
         "seed": seed,
+        "sittings": sittings,
         **(started_from or {}),
     }
     name = f"{arch}-cifar10"
@@ -406,7 +441,7 @@ def train(
             "architecture": arch,
             "dataset": "cifar10",
             "config": config,
-            "state_dict": model.state_dict(),
+            "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},  # loads where no GPU is
             "labels": CIFAR10_LABELS,
             "preprocessing": preprocessing,
             "metrics": metrics,
@@ -456,6 +491,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--init", type=Path, default=None, help="start from this checkpoint.pt's weights (fresh optimizer and schedule)"
     )
+    parser.add_argument(
+        "--sitting-minutes", type=float, default=None, help="end this call before an epoch would end past M minutes"
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if args.threads is not None:
@@ -481,7 +519,11 @@ def main(argv: list[str] | None = None) -> None:
         limit_per_class=args.limit_per_class,
         resume=args.resume,
         init=args.init,
+        sitting_minutes=args.sitting_minutes,
     )
+    if "test_accuracy" not in metrics:
+        print(f"stopped after epoch {metrics['epoch']} of {metrics['epochs']}; continue with --resume")
+        return
     print(
         f"{args.arch}: test accuracy {metrics['test_accuracy']:.4f} in {metrics['wall_seconds'] / 60:.1f} min "
         f"({metrics['train_images_per_second']} img/s, {metrics['device']}); wrote {out}"

@@ -152,3 +152,40 @@ def test_init_starts_from_an_earlier_checkpoint_and_refuses_another_architecture
 
     with pytest.raises(ValueError, match="not a checkpoint of --arch cnn"):
         train(tmp_path / "cnn", arch="cnn", epochs=1, init=tmp_path / "first" / "checkpoint.pt", **small)
+
+
+def test_a_sitting_ends_on_its_time_limit_and_the_run_resumes_to_the_end(tmp_path, cifar_archive) -> None:
+    import torch
+
+    from models.train_cifar import train
+
+    small = {"arch": "cnn", "epochs": 3, "batch_size": 16, "data": cifar_archive, "limit_per_class": 4}
+    small |= {"compile": False, "quiet": True}
+    # a limit no epoch fits in: the sitting trains its first epoch (nothing to pace by yet), then stops
+    stopped = train(tmp_path, **small, sitting_minutes=1e-6)
+    assert stopped == {"epoch": 1, "epochs": 3}
+    state = torch.load(tmp_path / "last.pt", weights_only=False)
+    assert state["epoch"] == 1 and not (tmp_path / "checkpoint.pt").exists()
+    assert [s["epochs"] for s in state["sittings"]] == [[1, 1]] and state["sittings"][0]["device"].startswith("cpu")
+    assert not (tmp_path / "last.pt.partial").exists()  # saved whole, then renamed
+    metrics = train(tmp_path, **small, resume=True)
+    assert metrics["epochs"] == 3 and [s["epochs"] for s in metrics["sittings"]] == [[1, 1], [2, 3]]
+    assert not (tmp_path / "last.pt").exists()
+
+
+def test_a_last_pt_from_before_sittings_were_recorded_resumes_with_its_epochs_unattributed(
+    tmp_path, cifar_archive
+) -> None:
+    import torch
+
+    from models.train_cifar import train
+
+    small = {"arch": "cnn", "epochs": 2, "batch_size": 16, "data": cifar_archive, "limit_per_class": 4}
+    small |= {"compile": False, "quiet": True}
+    train(tmp_path, **small, sitting_minutes=1e-6)
+    state = torch.load(tmp_path / "last.pt", weights_only=False)
+    del state["sittings"]
+    torch.save(state, tmp_path / "last.pt")
+    metrics = train(tmp_path, **small, resume=True)
+    assert metrics["sittings"][0] == {"epochs": [1, 1], "device": None, "seconds": round(state["elapsed"], 1)}
+    assert metrics["sittings"][1]["epochs"] == [2, 2]
