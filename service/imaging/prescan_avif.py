@@ -7,8 +7,12 @@ decodes each frame at the size the bitstream's own sequence header gives (AV1 sp
 reviewer's 1,961-byte file with a 12000x12000 frame inside a 16x16 ``ispe`` took 0.29 s and
 +298 MiB while 256 pixels were reserved. This walk reads each coded item's ``ispe`` (through
 ``ipma``) and the sequence headers in its data (through ``iloc``), and refuses a frame larger than
-its item's ``ispe``. Anything it cannot follow is left to libavif, which reports a corrupt file;
-image sequences (``avis`` tracks) are not walked.
+its item's ``ispe``. An image sequence's tracks (``moov``/``trak``, ISO/IEC 14496-12, 8.3) are
+walked too: libavif sizes the image from a track's ``tkhd`` and decodes its first sample for the
+first frame, so the sequence headers in that sample and in the sample entry's ``av1C`` may not
+declare a frame larger than the track's ``tkhd`` or ``av01`` sample entry (a reviewer's 16x16
+track of 12000x12000 frames took +283 MiB with 256 pixels reserved). Anything it cannot follow is
+left to libavif, which reports a corrupt file.
 """
 
 from __future__ import annotations
@@ -283,20 +287,81 @@ def coded_items(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     return found
 
 
+def _path(data: bytes, start: int, end: int, *kinds: bytes) -> tuple[int, int] | None:
+    """The payload of the box reached through ``kinds``, each the first child of its kind, or None."""
+    span: tuple[int, int] | None = (start, end)
+    for kind in kinds:
+        if span is None:
+            return None
+        span = _child(data, *span, kind)
+    return span
+
+
+def _first_sample(data: bytes, stbl: tuple[int, int]) -> tuple[int, int] | None:
+    """(start, end) in ``data`` of a track's first sample: its first chunk's offset (``stco``/``co64``)
+    and its size (``stsz``), ISO/IEC 14496-12, 8.7.3 and 8.7.5. None when the table cannot say."""
+    stsz, stco, co64 = (_child(data, *stbl, kind) for kind in (b"stsz", b"stco", b"co64"))
+    if stsz is None or (stco is None and co64 is None):
+        return None
+    uniform, count = struct.unpack_from(">II", data, stsz[0] + 4)
+    if count == 0:
+        return None
+    size = uniform or struct.unpack_from(">I", data, stsz[0] + 12)[0]
+    if stco is not None:
+        (offset,) = struct.unpack_from(">I", data, stco[0] + 8)
+    else:
+        assert co64 is not None
+        (offset,) = struct.unpack_from(">Q", data, co64[0] + 8)
+    return offset, min(offset + size, len(data))
+
+
+def sequence_tracks(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+    """Each AV1 track of an image sequence: (the smaller of its ``tkhd`` and ``av01`` sample entry's width
+    and height, the largest frame the sequence headers of its ``av1C`` and its first sample declare).
+    Tracks whose ``tkhd``, sample entry or sample tables cannot be followed are left out.
+
+    Raises:
+        PayloadTooLarge: more boxes or OBUs than the walk reads (413).
+    """
+    moov = _child(data, 0, len(data), b"moov")
+    found: list[tuple[tuple[int, int], tuple[int, int]]] = []
+    for kind, start, end in _boxes(data, *moov) if moov is not None else ():
+        tkhd = _child(data, start, end, b"tkhd") if kind == b"trak" else None
+        stsd = _path(data, start, end, b"mdia", b"minf", b"stbl", b"stsd")
+        if tkhd is None or stsd is None:
+            continue
+        # tkhd (8.3.2): version and flags, times, track_ID, duration; reserved, layer, group, volume; matrix
+        at = tkhd[0] + 4 + (32 if data[tkhd[0]] == 1 else 20) + 16 + 36
+        width, height = (value >> 16 for value in struct.unpack_from(">II", data, at))  # 16.16 fixed point
+        entry = next(((s, e) for k, s, e in _boxes(data, stsd[0] + 8, stsd[1]) if k == b"av01"), None)
+        if entry is None:  # not an AV1 track
+            continue
+        entry_width, entry_height = struct.unpack_from(">HH", data, entry[0] + 24)  # VisualSampleEntry (12.1.3)
+        av1c = _child(data, entry[0] + 78, entry[1], b"av1C")
+        frames = [_largest_frame(data, av1c[0] + 4, av1c[1])] if av1c is not None else []  # configOBUs
+        stbl = _path(data, start, end, b"mdia", b"minf", b"stbl")
+        sample = _first_sample(data, stbl) if stbl is not None else None
+        frames += [_largest_frame(data, *sample)] if sample is not None else []
+        largest = (max((w for w, _ in frames), default=0), max((h for _, h in frames), default=0))
+        found.append(((min(width, entry_width), min(height, entry_height)), largest))
+    return found
+
+
 def scan_avif(data: bytes, limits: PrescanLimits) -> None:
-    """Refuse an AVIF still whose AV1 frame is larger than its item's ``ispe`` (module docstring).
+    """Refuse an AVIF whose AV1 frame is larger than its item's ``ispe`` or its track's size (module docstring).
 
     Raises:
         PayloadTooLarge: a coded item whose sequence header declares a frame wider or taller than
-            the item's ``ispe`` property (413).
+            the item's ``ispe`` property, or a track whose does than its ``tkhd`` or sample entry (413).
     """
-    try:
-        items = coded_items(data)
-    except (struct.error, IndexError):  # cut short where the walk reads: libavif reports it corrupt
-        return
-    for declared, frame in items:
-        if frame[0] > declared[0] or frame[1] > declared[1]:
-            raise PayloadTooLarge(
-                f"the AVIF image's AV1 frame is {frame[0]}x{frame[1]}, larger than the {declared[0]}x{declared[1]} "
-                "its item declares (ispe), which is what its pixels are counted by: a decoding bomb?"
-            )
+    for walk, declares in ((coded_items, "its item declares (ispe)"), (sequence_tracks, "its track declares")):
+        try:
+            pairs = walk(data)
+        except (struct.error, IndexError):  # cut short where the walk reads: libavif reports it corrupt
+            continue
+        for declared, frame in pairs:
+            if frame[0] > declared[0] or frame[1] > declared[1]:
+                raise PayloadTooLarge(
+                    f"the AVIF image's AV1 frame is {frame[0]}x{frame[1]}, larger than the "
+                    f"{declared[0]}x{declared[1]} {declares}, which is what its pixels are counted by: a decoding bomb?"
+                )

@@ -38,6 +38,8 @@ COMMITTED: dict[str, tuple[int, tuple[int, int] | str]] = {
     # A reviewer's (2026-12-05): two ispe properties on one item, 16x16 first (which libavif reads)
     # then 2048x2048, around a 2048x2048 AV1 frame; the pre-scan took the last and let it through.
     "generated/avif_two_ispe.avif": (413, "AV1 frame is 2048x2048, larger than the 16x16 its item declares"),
+    # The same reviewer's: an image sequence whose track says 16x16 around 12000x12000 frames (+283 MiB).
+    "generated/avif_sequence_track.avif": (413, "AV1 frame is 12000x12000, larger than the 16x16 its track declares"),
     "pillow/hopper.bmp": (200, (128, 128)),
     "pillow/hopper.heif": (200, (128, 128)),  # with the heic extra, which `make test` installs
     "pillow/hopper.tif": (200, (128, 128)),

@@ -24,7 +24,7 @@ from service.core.settings import Settings
 from service.http.app import decode_limits
 from service.imaging.images import decode_image, open_image
 from service.imaging.prescan import prescan
-from service.imaging.prescan_avif import coded_items
+from service.imaging.prescan_avif import coded_items, sequence_tracks
 from service.imaging.prescan_limits import PrescanLimits
 from tests.conftest import ROOT, running_app
 
@@ -766,3 +766,31 @@ def test_an_avif_frame_larger_than_its_item_is_refused() -> None:
     struct.pack_into(">II", bomb, at + 8, 16, 16)
     with pytest.raises(PayloadTooLarge, match="AV1 frame is 256x256, larger than the 16x16 its item declares"):
         prescan(bytes(bomb), LIMITS)
+
+
+def test_an_avif_sequence_whose_frames_are_larger_than_its_track_is_refused() -> None:
+    # A fourth reviewer's: libavif sizes an image sequence by its track's tkhd and decodes the first
+    # sample's frame at its own size (16x16 said, 12000x12000 decoded: +283 MiB, 256 pixels reserved).
+    def sequence(mode: str, size: tuple[int, int]) -> bytes:
+        frames = [Image.new(mode, size, (40 * i, 120, 200, 128)[: len(mode)]) for i in range(3)]
+        buffer = io.BytesIO()
+        frames[0].save(buffer, "AVIF", save_all=True, append_images=frames[1:], speed=10, quality=50)
+        return buffer.getvalue()
+
+    # What libavif reads: each AV1 track's size (colour and alpha) and its first frame's.
+    assert sequence_tracks(sequence("RGBA", (33, 17))) == [((33, 17), (33, 17))] * 2
+    assert decode_image(sequence("RGB", (33, 17)), color_mode="RGB", max_pixels=10**6).image.size == (33, 17)
+    legit = sequence("RGB", (256, 256))
+    for patched in ("tkhd", "av01"):
+        bomb = bytearray(legit)
+        bomb[bomb.index(b"meta") : bomb.index(b"meta") + 4] = b"free"  # no item: the track alone is walked
+        if patched == "tkhd":
+            at = bomb.index(b"tkhd") + 4
+            at += 4 + (32 if bomb[at] == 1 else 20) + 16 + 36
+            struct.pack_into(">II", bomb, at, 16 << 16, 16 << 16)  # 16.16 fixed point
+        else:
+            entry = bomb.index(b"av01", bomb.index(b"stsd"))  # the sample entry, not ftyp's brand
+            struct.pack_into(">HH", bomb, entry + 4 + 24, 16, 16)
+        with pytest.raises(PayloadTooLarge, match="AV1 frame is 256x256, larger than the 16x16 its track declares"):
+            prescan(bytes(bomb), LIMITS)
+    assert not prescan(legit, LIMITS).multi_scan  # the same file unpatched passes
