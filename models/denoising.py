@@ -43,7 +43,9 @@ def noised_queries(
         ``labels`` int64 (B, P * M) and ``boxes`` float32 (B, P * M, 4) normalised cxcywh, the
         noised queries, M = the most objects of an image in the batch (at least 1), group p at
         ``[p M, (p + 1) M)``; ``target_labels`` and ``target_boxes``, the originals; ``valid``
-        bool (B, P * M), False on padding slots; ``group_size`` M as a 0-d int64 tensor.
+        bool (B, P * M), False on padding slots; ``group_size`` M as a 0-d int64 tensor. On the
+        targets' device; the noise is drawn on the CPU (``generator`` is a CPU one), so a run draws
+        the same noise on a CPU and a GPU.
     """
     batch = len(targets)
     size = max([1, *(len(t["labels"]) for t in targets)])
@@ -52,7 +54,7 @@ def noised_queries(
     valid = torch.zeros(batch, size, dtype=torch.bool)
     for b, target in enumerate(targets):
         m = len(target["labels"])
-        labels[b, :m], boxes[b, :m], valid[b, :m] = target["labels"], target["boxes"], True
+        labels[b, :m], boxes[b, :m], valid[b, :m] = target["labels"].cpu(), target["boxes"].cpu(), True
     labels, boxes, valid = labels.repeat(1, groups), boxes.repeat(1, groups, 1), valid.repeat(1, groups)
 
     flip = (torch.rand(labels.shape, generator=generator) < label_noise) & valid
@@ -70,12 +72,13 @@ def noised_queries(
         dim=-1,
     )
     noisy = box_xyxy_to_cxcywh(box_cxcywh_to_xyxy(noisy).clamp(0, 1))  # inside the image, as DN-DETR clips
+    device = targets[0]["boxes"].device if targets else torch.device("cpu")
     return {
-        "labels": noisy_labels,
-        "boxes": noisy,
-        "target_labels": labels,
-        "target_boxes": boxes,
-        "valid": valid,
+        "labels": noisy_labels.to(device),
+        "boxes": noisy.to(device),
+        "target_labels": labels.to(device),
+        "target_boxes": boxes.to(device),
+        "valid": valid.to(device),
         "group_size": torch.tensor(size),
     }
 

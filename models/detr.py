@@ -287,10 +287,10 @@ class DETR(nn.Module):
         positions = self.dn_box_embed(noised)  # (B, P M, d)
         content = self.dn_label_embed(dn["labels"])  # (B, P M, d)
         n = queries.shape[0]
-        matching = query_mask if query_mask is not None else torch.ones(n, n, dtype=torch.bool)
+        matching = query_mask if query_mask is not None else torch.ones(n, n, dtype=torch.bool, device=queries.device)
         mask = attention_mask(matching, c.dn_groups, int(dn["group_size"]))
         positions = torch.cat([queries.unsqueeze(0).expand(batch, -1, -1), positions], dim=1)
-        content = torch.cat([torch.zeros(batch, n, queries.shape[1]), content], dim=1)
+        content = torch.cat([content.new_zeros(batch, n, queries.shape[1]), content], dim=1)
         return positions, mask, content, dn
 
 

@@ -200,7 +200,7 @@ class SetCriterion(nn.Module):
         if self.class_loss.loss == "loss_focal":
             logits = layer["pred_logits"][valid]  # (V, num_classes)
             onehot = torch.zeros_like(logits)
-            onehot[torch.arange(len(labels)), labels] = 1.0
+            onehot[torch.arange(len(labels), device=labels.device), labels] = 1.0
             class_loss = {"loss_focal": sigmoid_focal_loss(logits, onehot) / norm}
         else:
             class_loss = {"loss_ce": F.cross_entropy(layer["pred_logits"][valid], labels)}

@@ -94,11 +94,13 @@ def to_inputs_and_targets(canvases: list[Canvas]) -> tuple[torch.Tensor, list[di
 def torch_runner(model: DETR) -> MaskedRunFn:
     """``model`` as a :data:`models.detr_inputs.MaskedRunFn` (eval mode, no gradients)."""
 
+    device = next(model.parameters()).device
+
     @torch.no_grad()
     def run(batch: np.ndarray, mask: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         model.eval()
-        out = model(torch.from_numpy(batch), None if mask is None else torch.from_numpy(mask))
-        return out["pred_logits"].numpy(), out["pred_boxes"].numpy()
+        out = model(torch.from_numpy(batch).to(device), None if mask is None else torch.from_numpy(mask).to(device))
+        return out["pred_logits"].cpu().numpy(), out["pred_boxes"].cpu().numpy()
 
     return run
 
@@ -129,12 +131,14 @@ def pretrain_backbone(
     lr: float = 1e-3,
     seed: int = 0,
     quiet: bool = False,
+    device: torch.device | None = None,
 ) -> dict[str, float]:
     """Pretrain the backbone to classify single digits of the train pool, as DETR starts from a pretrained ResNet.
 
     A linear head on the globally averaged feature map, cross-entropy, AdamW with warm-up and
     cosine decay; crops from :func:`models.detection_data.digit_crops`, normalised as
-    ``PREPROCESSING``. The head is thrown away; the backbone keeps its weights.
+    ``PREPROCESSING``. The head is thrown away; the backbone keeps its weights. ``device``: where the backbone is (the
+    crops are drawn on the CPU and moved there; default the CPU).
 
     Returns:
         ``pretrain_val_accuracy`` on 1,000 crops of the val pool and ``pretrain_seconds``.
@@ -142,12 +146,14 @@ def pretrain_backbone(
     from models.detection_data import digit_crops
     from models.training import warmup_cosine
 
+    device = device or torch.device("cpu")
+
     def normalise(crops: np.ndarray) -> torch.Tensor:
-        x = torch.from_numpy(crops).float().unsqueeze(1) * PREPROCESSING["scale"]  # (B, 1, 64, 64)
+        x = torch.from_numpy(crops).to(device).float().unsqueeze(1) * PREPROCESSING["scale"]  # (B, 1, 64, 64)
         return (x - PREPROCESSING["mean"][0]) / PREPROCESSING["std"][0]
 
     started = time.perf_counter()
-    head = torch.nn.Linear(backbone.num_channels, len(DIGIT_CLASSES))
+    head = torch.nn.Linear(backbone.num_channels, len(DIGIT_CLASSES)).to(device)
     parameters = [*backbone.parameters(), *head.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-4)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, warmup_cosine(steps, min(100, steps // 10 + 1)))
@@ -156,7 +162,7 @@ def pretrain_backbone(
     for _ in tqdm(range(steps), desc="backbone pretraining", disable=quiet, file=sys.stderr, mininterval=2.0):
         crops, labels = digit_crops("train", batch_size, rng)
         loss = torch.nn.functional.cross_entropy(
-            head(backbone(normalise(crops)).mean((2, 3))), torch.from_numpy(labels)
+            head(backbone(normalise(crops)).mean((2, 3))), torch.from_numpy(labels).to(device)
         )
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -165,7 +171,7 @@ def pretrain_backbone(
     crops, labels = digit_crops("val", 1000, np.random.default_rng((seed, 2)))
     backbone.eval()
     with torch.no_grad():
-        predicted = head(backbone(normalise(crops)).mean((2, 3))).argmax(1).numpy()
+        predicted = head(backbone(normalise(crops)).mean((2, 3))).argmax(1).cpu().numpy()
     return {
         "pretrain_val_accuracy": float(np.mean(predicted == labels)),
         "pretrain_seconds": time.perf_counter() - started,
@@ -207,6 +213,7 @@ def train(
     recipe: str | None = None,
     init: Path | None = None,
     augment_digits: bool = False,
+    device: str | None = None,
 ) -> dict[str, Any]:
     """Train, evaluate on the test split, and write the checkpoint, metrics and curves.
 
@@ -234,6 +241,10 @@ def train(
             later sitting) the resumed ``last.pt`` wins.
         augment_digits: distort the train canvases' digits (:func:`models.detection_data.distort`;
             cached apart from the plain ones under ``data``); val and test stay as they are.
+        device: "cpu" or "cuda" (None: CUDA when ``torch.cuda.is_available()``, else the CPU). The
+            model, its inputs and targets, and the losses live there; batches are made, the
+            matching (scipy) runs and the data order and DN-DETR's noise are drawn on the CPU, so
+            a run draws the same batches either way. Float32 on both (no autocast).
 
     Returns:
         The metrics written to ``metrics.json``; after a sitting that stopped before ``steps``,
@@ -251,7 +262,8 @@ def train(
     }
     train_set = input_format.prepare(splits["train"])
 
-    model = build(CONFIG, **{**(overrides or {}), "class_head": form.head, "num_groups": groups})
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    model = build(CONFIG, **{**(overrides or {}), "class_head": form.head, "num_groups": groups}).to(dev)
     pretrained: dict[str, Any] = {}
     started_from: dict[str, Any] = {}
     if init is not None and resume is None:  # resumed, the run's own last.pt holds where it started
@@ -260,10 +272,10 @@ def train(
         pretrained = earlier.get("pretrained", {})
         started_from = {"initialised_from": str(init), "initial_step": earlier["step"]}
     if pretrain_steps and resume is None and init is None:
-        pretrained = pretrain_backbone(model.backbone, steps=pretrain_steps, seed=seed, quiet=quiet)
+        pretrained = pretrain_backbone(model.backbone, steps=pretrain_steps, seed=seed, quiet=quiet, device=dev)
         if not quiet:
             print(f"backbone pretrained: val accuracy {pretrained['pretrain_val_accuracy']:.4f}", file=sys.stderr)
-    criterion = build_criterion(model.config.num_classes, class_loss=class_loss, num_groups=groups)
+    criterion = build_criterion(model.config.num_classes, class_loss=class_loss, num_groups=groups).to(dev)
     backbone_ids = {id(p) for p in model.backbone.parameters()}
     parameter_groups = [
         {"params": [p for p in model.parameters() if id(p) not in backbone_ids], "lr": lr},
@@ -326,6 +338,8 @@ def train(
         if not batches:
             batches = epoch_batches(train_set.buckets, batch_size, generator)[::-1]  # popped from the end
         images, mask, targets = input_format.batch(train_set, batches.pop())
+        images, mask = images.to(dev), None if mask is None else mask.to(dev)
+        targets = [{k: v.to(dev) for k, v in target.items()} for target in targets]
         model.train()
         losses = criterion(model(images, mask, targets), targets)  # targets: DN-DETR's noised queries, if any
         optimizer.zero_grad(set_to_none=True)
@@ -365,7 +379,7 @@ def train(
         "train_seconds": round(seconds, 1),
         "train_cpu_seconds": round(cpu_seconds, 1),
         "torch_threads": threads,
-        "device": machine(),
+        "device": machine() + (f"; {torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else ""),
         "steps": steps,
         "batch_size": batch_size,
         "train_images": len(splits["train"]),
@@ -414,7 +428,7 @@ def save_checkpoint(
             "architecture": "detr",
             "dataset": "digits-detection",
             "config": config_dict(model.config),
-            "state_dict": model.state_dict(),
+            "state_dict": {k: v.cpu() for k, v in model.state_dict().items()},  # loads where no GPU is
             "labels": SIGMOID_LABELS if postprocess == "sigmoid" else LABELS,
             "postprocess": postprocess,
             "pixel_mask": inputs.mask,
@@ -452,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sitting-steps", type=int, default=None, help="stop after this many steps of this call")
     parser.add_argument("--init", type=Path, default=None, help="a last.pt whose weights to start from (fine-tune)")
     parser.add_argument("--augment-digits", action="store_true", help="distort the train canvases' digits")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: CUDA when available")
     args = parser.parse_args(argv)
     from models.detr import parse_overrides
 
@@ -477,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
         sitting_steps=args.sitting_steps,
         init=args.init,
         augment_digits=args.augment_digits,
+        device=args.device,
     )
     if "test_AP" not in metrics:
         print(f"stopped at step {metrics['step']} of {metrics['steps']}; continue with --resume {args.out / 'last.pt'}")

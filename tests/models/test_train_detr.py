@@ -174,3 +174,17 @@ def test_a_fine_tune_starts_from_a_runs_weights_on_augmented_canvases(tmp_path) 
     name = "query_embed.weight"
     near = (tuned["state_dict"][name] - first[name]).abs().max()
     assert 0 < near < 0.01 < (scratch[name] - first[name]).abs().max()
+
+
+@pytest.mark.slow
+def test_the_device_is_chosen_and_recorded(tmp_path) -> None:
+    # A GPU run records its card (untested here: no GPU); on this machine the automatic choice is the CPU.
+    options = {**TINY, "steps": 2, "split_sizes": SIZES, "pretrain_steps": 2, "quiet": True}
+    explicit = train(tmp_path / "cpu", **options, device="cpu")
+    automatic = train(tmp_path / "auto", **options)
+    if torch.cuda.is_available():
+        pytest.skip("the automatic choice is the GPU here")
+    assert explicit["test_AP"] == automatic["test_AP"] and explicit["device"] == automatic["device"]
+    assert "; " not in explicit["device"]  # no card named
+    saved = torch.load(tmp_path / "cpu" / "checkpoint.pt", weights_only=False)["state_dict"]
+    assert saved and all(tensor.device.type == "cpu" for tensor in saved.values())
