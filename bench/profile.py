@@ -52,6 +52,20 @@ def cpu_seconds(pid: int) -> dict[int, float]:
     return seconds
 
 
+def profiled(model: Path | None, work: Path) -> tuple[Path, str, str]:
+    """(repository, name, version) that both servers serve: ``model``'s highest version alone, as
+    ``make bench`` serves a trained model (:func:`bench.run.one_model_repository`: a model's whole
+    folder would serve every version its config.json names, each with a share of the cores), or
+    the benchmark's random ViT-Ti/16 (``make bench``'s) when ``model`` is None."""
+    from bench.run import one_model_repository
+
+    folder = model if model is not None else work / "model_repository" / BENCH
+    highest = max((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    if model is None:
+        return folder.parent, BENCH, highest.name
+    return one_model_repository(work, model.name, highest), model.name, highest.name
+
+
 def group(name: str | None) -> str:
     if name is None:
         return "onnxruntime pool (native threads)"
@@ -118,10 +132,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     files = images.prepare(args.work / "images")[args.size]
-    repository, name = (args.model.parent, args.model.name) if args.model else (args.work / "model_repository", BENCH)
+    repository, name, version = profiled(args.model, args.work)
     server = servers.patchserve(repository, name)
     if args.naive:
-        version = max((p.name for p in (repository / name).iterdir() if p.name.isdigit()), key=int)
         [server] = [s for s in servers.contestants(repository, name, version) if s.key == "naive"]
     out = args.work / "profile"
     out.mkdir(parents=True, exist_ok=True)

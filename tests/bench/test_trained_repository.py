@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from bench.profile import profiled
 from bench.run import one_model_repository, trained_models
 
 
@@ -28,3 +29,16 @@ def test_a_trained_model_is_benchmarked_as_one_version_alone(tmp_path: Path) -> 
     assert sorted(p.name for p in model.iterdir()) == ["2"]  # no version 1, no config.json: latest 1 serves it
     assert (model / "2").resolve() == version_dir.resolve()
     assert one_model_repository(tmp_path / "work", name, version_dir) == alone  # a second run reuses it
+
+
+def test_the_profile_serves_the_same_one_version_to_both_servers(tmp_path: Path) -> None:
+    model = tmp_path / "model_repository" / "vit-cifar10"
+    for version in (1, 2):
+        (model / str(version)).mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"version_policy": {"latest": {"num_versions": 2}}}))
+    repository, name, version = profiled(model, tmp_path / "work")
+    assert (name, version) == ("vit-cifar10", "2")
+    assert sorted(p.name for p in (repository / name).iterdir()) == ["2"]  # version 1 and config.json left out
+    bench = tmp_path / "work" / "model_repository" / "vit-ti16-random" / "1"
+    bench.mkdir(parents=True)
+    assert profiled(None, tmp_path / "work") == (bench.parents[1], "vit-ti16-random", "1")
