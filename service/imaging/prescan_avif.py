@@ -1,18 +1,29 @@
-"""Pre-scanning an AVIF still image (ISO/IEC 23008-12 HEIF items, AV1 Image File Format) before it is decoded.
+"""Pre-scanning an AVIF (ISO/IEC 23008-12 HEIF items, AV1 Image File Format) before it is decoded.
 
-Pillow reads an AVIF's size from the primary item's ``ispe`` property, and the pixel limit and the
-worker's budget count that size; but libavif hands the item's AV1 bitstream to dav1d, which
-decodes each frame at the size the bitstream's own sequence header gives (AV1 spec, 5.5.1:
-``max_frame_width_minus_1``, ``max_frame_height_minus_1``), up to libavif's 16384x16384. A
-reviewer's 1,961-byte file with a 12000x12000 frame inside a 16x16 ``ispe`` took 0.29 s and
-+298 MiB while 256 pixels were reserved. This walk reads each coded item's ``ispe`` (through
-``ipma``) and the sequence headers in its data (through ``iloc``), and refuses a frame larger than
-its item's ``ispe``. An image sequence's tracks (``moov``/``trak``, ISO/IEC 14496-12, 8.3) are
-walked too: libavif sizes the image from a track's ``tkhd`` and decodes its first sample for the
-first frame, so the sequence headers in that sample and in the sample entry's ``av1C`` may not
-declare a frame larger than the track's ``tkhd`` or ``av01`` sample entry (a reviewer's 16x16
-track of 12000x12000 frames took +283 MiB with 256 pixels reserved). Anything it cannot follow is
-left to libavif, which reports a corrupt file.
+Pillow reports the size libavif gives: a still's primary item's ``ispe``, an image sequence's
+track's ``tkhd``; the pixel limit and the worker's budget count that size. But libavif hands the
+AV1 bitstream to dav1d, which decodes each frame at the size the bitstream codes, up to libavif's
+16384x16384: a sequence header's maximum, or a frame header's override
+(:mod:`service.imaging.prescan_av1`). Reviewers hid 12000x12000 frames behind 16x16 declarations
+in a dozen ways (+283 to +298 MiB each, 256 pixels reserved): in an item's ``ispe``, behind a
+second ``ispe``, in an image sequence's track, in an alpha item or track larger than the colour
+one, in a frame header's size override. This walk reads what libavif will and refuses (413) a
+frame larger than what is declared:
+
+* each coded item (``av1C``, through ``iloc`` and ``ipma``): its sequence headers' maximum may not
+  exceed its first ``ispe`` (the one libavif reads), nor the largest frame their bit widths code
+  twice its ``ispe`` (what encoders write is the fewest bits for the maximum, under twice it; a
+  wider field is room for an override), and its ``ispe`` may not exceed the primary item's;
+* each AV1 track of an image sequence (``moov``/``trak``, ISO/IEC 14496-12, 8.3): the sequence
+  headers of its sample entry's ``av1C`` and of its first sample (libavif decodes that one for the
+  first frame) likewise against the smaller of its ``tkhd`` and ``av01`` sample entry, and each
+  track's size against the smallest track's (an alpha track is the colour one's size).
+
+A sequence's tables are read strictly: one ``mdia``, ``minf``, ``stbl``, ``stsd``, ``stsz`` and
+chunk-offset table each, none empty, every read inside its box; where libavif could read a file
+otherwise than this walk (two ``mdia`` boxes, ``stco`` beside ``co64``), it is refused as
+uncheckable (415). The walk's own cost is bounded: the OBUs of every item and track together
+(:data:`~service.imaging.prescan_av1.MAX_OBUS`), at most :data:`MAX_TRACKS` AV1 tracks.
 """
 
 from __future__ import annotations
@@ -20,14 +31,13 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator
 
-from service.core.errors import PayloadTooLarge
+from service.core.errors import InvalidImage, PayloadTooLarge
+from service.imaging.prescan_av1 import NONE, FrameBound, ObuBudget, stream_bound
 from service.imaging.prescan_limits import PrescanLimits
 
 _MAX_BOXES = 4096  # boxes walked in one container; an AVIF still holds a few dozen
-_MAX_OBUS = 256  # OBUs walked in one item: a still image's are a handful (AV1 spec, 7.5)
-_MAX_HEADERS = 4  # sequence headers in one item: a still image's is one
 _MAX_SPANS = 1024  # item extents walked in one file: a grid of 32x32 tiles
-_SEQUENCE_HEADER = 1  # obu_type (AV1 spec, 6.2.2)
+MAX_TRACKS = 8  # AV1 tracks in one image sequence: colour and alpha are two
 
 
 def is_avif(data: bytes) -> bool:
@@ -116,12 +126,13 @@ def _locations(data: bytes, start: int, end: int, idat: tuple[int, int] | None) 
     return found
 
 
-def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]:
-    """``iprp``: AV1 item ID -> its ``ispe`` (width, height), through ``ipco`` and ``ipma`` (ISO/IEC 23008-12,
-    9.3). Only items with an ``av1C`` property count: a HEIF's HEVC items share the container, not the codec."""
+def _properties(data: bytes, start: int, end: int) -> tuple[dict[int, tuple[int, int]], set[int]]:
+    """``iprp``: (item ID -> its first ``ispe`` (width, height), the IDs of the items with an ``av1C``),
+    through ``ipco`` and ``ipma`` (ISO/IEC 23008-12, 9.3). Only the AV1 items are coded here: a HEIF's
+    HEVC items share the container, not the codec; a grid has an ``ispe`` and no codec."""
     ipco = _child(data, start, end, b"ipco")
     if ipco is None:
-        return {}
+        return {}, set()
     boxes = list(enumerate(_boxes(data, *ipco), start=1))
     spatial = {
         index: struct.unpack_from(">II", data, s + 4)
@@ -154,123 +165,37 @@ def _properties(data: bytes, start: int, end: int) -> dict[int, tuple[int, int]]
                 if index in spatial:  # the first, as libavif reads it (a second, larger one hid a frame)
                     found.setdefault(item, spatial[index])
                 coded.update((item,) if index in av1 else ())
-    return {item: size for item, size in found.items() if item in coded}
+    return found, coded
 
 
-class _Bits:
-    """An MSB-first bit reader (AV1 spec, 4.10.2 f(n), 4.10.3 uvlc())."""
-
-    def __init__(self, data: bytes, start: int, end: int) -> None:
-        self.data, self.bit, self.end = data, start * 8, end * 8
-
-    def f(self, n: int) -> int:
-        if self.bit + n > self.end:
-            raise EOFError
-        value = 0
-        for _ in range(n):
-            value = value << 1 | (self.data[self.bit >> 3] >> (7 - (self.bit & 7))) & 1
-            self.bit += 1
-        return value
-
-    def uvlc(self) -> int:
-        zeros = 0
-        while not self.f(1):
-            zeros += 1
-            if zeros >= 32:
-                return (1 << 32) - 1
-        return self.f(zeros) + (1 << zeros) - 1
-
-
-def _frame_size(data: bytes, start: int, end: int) -> tuple[int, int]:
-    """``max_frame_width_minus_1 + 1``, ``max_frame_height_minus_1 + 1`` of a sequence header OBU (AV1 spec, 5.5.1)."""
-    bits = _Bits(data, start, end)
-    bits.f(3)  # seq_profile
-    bits.f(1)  # still_picture
-    if bits.f(1):  # reduced_still_picture_header
-        bits.f(5)  # seq_level_idx[0]
-    else:
-        decoder_model, delay_length = False, 0
-        if bits.f(1):  # timing_info_present_flag
-            bits.f(32), bits.f(32)  # num_units_in_display_tick, time_scale
-            if bits.f(1):  # equal_picture_interval
-                bits.uvlc()
-            decoder_model = bool(bits.f(1))
-            if decoder_model:
-                delay_length = bits.f(5) + 1
-                bits.f(32), bits.f(5), bits.f(5)
-        display_delay = bits.f(1)
-        for _ in range(bits.f(5) + 1):  # operating points
-            bits.f(12)
-            if bits.f(5) > 7:  # seq_level_idx
-                bits.f(1)
-            if decoder_model and bits.f(1):
-                bits.f(delay_length), bits.f(delay_length), bits.f(1)
-            if display_delay and bits.f(1):
-                bits.f(4)
-    width_bits, height_bits = bits.f(4) + 1, bits.f(4) + 1
-    return bits.f(width_bits) + 1, bits.f(height_bits) + 1
-
-
-def _largest_frame(data: bytes, start: int, end: int) -> tuple[int, int]:
-    """The largest frame any sequence header in an item's data declares ((0, 0): none read).
+def coded_items(data: bytes, budget: ObuBudget | None = None) -> list[tuple[tuple[int, int], FrameBound]]:
+    """Each AV1 item with an ``ispe``: (its first ``ispe`` (width, height), the frames the sequence
+    headers in its data allow, :data:`~service.imaging.prescan_av1.NONE` when none was read); the
+    primary item's size as the first row's when it is not itself coded (a grid). Empty when the
+    file's ``meta`` cannot be followed.
 
     Raises:
-        PayloadTooLarge: more OBUs or sequence headers than a still image holds (each was a way
-            to hide a larger frame's header from a bounded walk).
+        PayloadTooLarge: more boxes, items, extents or OBUs than the walk reads, items overlapping,
+            or a coded item larger than the primary item (413).
     """
-    pos, width, height, headers = start, 0, 0, 0
-    for obus in range(_MAX_OBUS + 1):
-        if pos >= end:
-            break
-        if obus == _MAX_OBUS:
-            raise PayloadTooLarge(
-                f"the AVIF image's item holds more than {_MAX_OBUS} AV1 OBUs; a still image holds a handful"
-            )
-        header = data[pos]
-        kind, extension, sized = (header >> 3) & 15, (header >> 2) & 1, (header >> 1) & 1
-        pos += 1 + extension
-        size = end - pos
-        if sized:
-            size = shift = 0
-            while pos < end and shift < 56:  # leb128 (AV1 spec, 4.10.5)
-                byte = data[pos]
-                pos += 1
-                size |= (byte & 0x7F) << shift
-                shift += 7
-                if not byte & 0x80:
-                    break
-        if kind == _SEQUENCE_HEADER:
-            headers += 1
-            if headers > _MAX_HEADERS:
-                raise PayloadTooLarge(
-                    f"the AVIF image's item holds more than {_MAX_HEADERS} AV1 sequence headers; a still image "
-                    "holds one"
-                )
-            try:
-                w, h = _frame_size(data, pos, min(pos + size, end))
-            except EOFError:
-                break
-            width, height = max(width, w), max(height, h)
-        pos += size
-    return width, height
-
-
-def coded_items(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
-    """Each AV1 item with an ``ispe``: (its first ``ispe`` (width, height), the largest frame the sequence
-    headers in its data declare, (0, 0) when none was read). Empty when the file's ``meta`` cannot be followed.
-
-    Raises:
-        PayloadTooLarge: more boxes, items, extents or OBUs than the walk reads, or items overlapping (413).
-    """
+    budget = budget or ObuBudget()
     n = len(data)
     meta = _child(data, 0, n, b"meta")
     if meta is None:
         return []
     start, end = meta[0] + 4, meta[1]  # a FullBox: version and flags first
-    iloc, iprp, idat = (_child(data, start, end, kind) for kind in (b"iloc", b"iprp", b"idat"))
+    iloc, iprp, idat, pitm = (_child(data, start, end, kind) for kind in (b"iloc", b"iprp", b"idat", b"pitm"))
     if iloc is None or iprp is None:
         return []
-    sizes = _properties(data, *iprp)
+    every, coded = _properties(data, *iprp)
+    sizes = {item: size for item, size in every.items() if item in coded}
+    primary = every.get(_uint(data, pitm[0] + 4, 2 if data[pitm[0]] == 0 else 4)) if pitm is not None else None
+    for size in sizes.values():
+        if primary is not None and (size[0] > primary[0] or size[1] > primary[1]):  # a larger alpha: +286 MiB
+            raise PayloadTooLarge(
+                f"the AVIF image has a {size[0]}x{size[1]} item inside its {primary[0]}x{primary[1]} image "
+                "(ispe), which is what its pixels are counted by: a decoding bomb?"
+            )
     located = {item: spans for item, spans in _locations(data, *iloc, idat).items() if item in sizes}
     if sum(len(spans) for spans in located.values()) > _MAX_SPANS:
         raise PayloadTooLarge(f"the AVIF image has more than {_MAX_SPANS} coded item extents: a parser bomb?")
@@ -280,88 +205,125 @@ def coded_items(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
     found = []
     for item, extents in zip(located, ranges, strict=True):
         if len(extents) == 1:  # read in place
-            found.append((sizes[item], _largest_frame(data, *extents[0])))
+            found.append((sizes[item], stream_bound(data, *extents[0], budget)))
         else:  # libavif concatenates an item's extents: an OBU may straddle two
             joined = b"".join(data[first:stop] for first, stop in extents)
-            found.append((sizes[item], _largest_frame(joined, 0, len(joined))))
+            found.append((sizes[item], stream_bound(joined, 0, len(joined), budget)))
     return found
 
 
-def _path(data: bytes, start: int, end: int, *kinds: bytes) -> tuple[int, int] | None:
-    """The payload of the box reached through ``kinds``, each the first child of its kind, or None."""
-    span: tuple[int, int] | None = (start, end)
-    for kind in kinds:
-        if span is None:
-            return None
-        span = _child(data, *span, kind)
-    return span
+def _unreadable(why: str) -> InvalidImage:
+    return InvalidImage(
+        f"the AVIF image sequence cannot be checked before decoding ({why}); send its first frame as a still image"
+    )
 
 
-def _first_sample(data: bytes, stbl: tuple[int, int]) -> tuple[int, int] | None:
-    """(start, end) in ``data`` of a track's first sample: its first chunk's offset (``stco``/``co64``)
-    and its size (``stsz``), ISO/IEC 14496-12, 8.7.3 and 8.7.5. None when the table cannot say."""
-    stsz, stco, co64 = (_child(data, *stbl, kind) for kind in (b"stsz", b"stco", b"co64"))
-    if stsz is None or (stco is None and co64 is None):
-        return None
-    uniform, count = struct.unpack_from(">II", data, stsz[0] + 4)
-    if count == 0:
-        return None
-    size = uniform or struct.unpack_from(">I", data, stsz[0] + 12)[0]
-    if stco is not None:
-        (offset,) = struct.unpack_from(">I", data, stco[0] + 8)
-    else:
-        assert co64 is not None
-        (offset,) = struct.unpack_from(">Q", data, co64[0] + 8)
+def _only(data: bytes, start: int, end: int, kind: bytes) -> tuple[int, int]:
+    """The payload of the one child box of ``kind`` (415 when there is none, or several)."""
+    found = [(s, e) for k, s, e in _boxes(data, start, end) if k == kind]
+    if len(found) != 1:
+        raise _unreadable(f"{len(found)} {kind.decode('latin-1')} boxes where libavif reads one")
+    return found[0]
+
+
+def _read(layout: str, data: bytes, pos: int, end: int) -> tuple[int, ...]:
+    """``struct.unpack_from(layout)`` at ``pos``, inside ``[pos, end)`` (415 past it)."""
+    if pos + struct.calcsize(layout) > end:
+        raise _unreadable("a table shorter than its fields")
+    return struct.unpack_from(layout, data, pos)
+
+
+def _first_sample(data: bytes, stbl: tuple[int, int]) -> tuple[int, int]:
+    """(start, end) of a track's first sample: the first chunk's offset (``stco`` or ``co64``) and the
+    first size (``stsz``), ISO/IEC 14496-12, 8.7.3 and 8.7.5 (stsc cannot leave the first chunk empty)."""
+    kinds = [k for k, _, _ in _boxes(data, *stbl)]
+    if kinds.count(b"stco") + kinds.count(b"co64") != 1 or b"stz2" in kinds:
+        raise _unreadable("not exactly one chunk-offset table, or a compact size table")
+    stsz = _only(data, *stbl, b"stsz")
+    uniform, count = _read(">II", data, stsz[0] + 4, stsz[1])
+    size = uniform or _read(">I", data, stsz[0] + 12, stsz[1])[0]
+    chunks, wide = (_only(data, *stbl, b"stco"), False) if b"stco" in kinds else (_only(data, *stbl, b"co64"), True)
+    (entries,) = _read(">I", data, chunks[0] + 4, chunks[1])
+    (offset,) = _read(">Q" if wide else ">I", data, chunks[0] + 8, chunks[1])
+    if count == 0 or entries == 0 or offset >= len(data):
+        raise _unreadable("no first sample")
     return offset, min(offset + size, len(data))
 
 
-def sequence_tracks(data: bytes) -> list[tuple[tuple[int, int], tuple[int, int]]]:
+def sequence_tracks(data: bytes, budget: ObuBudget | None = None) -> list[tuple[tuple[int, int], FrameBound]]:
     """Each AV1 track of an image sequence: (the smaller of its ``tkhd`` and ``av01`` sample entry's width
-    and height, the largest frame the sequence headers of its ``av1C`` and its first sample declare).
-    Tracks whose ``tkhd``, sample entry or sample tables cannot be followed are left out.
+    and height, the frames the sequence headers of its ``av1C`` and its first sample allow).
 
     Raises:
-        PayloadTooLarge: more boxes or OBUs than the walk reads (413).
+        InvalidImage: a track whose tables libavif could read otherwise than this walk (415).
+        PayloadTooLarge: more tracks, boxes or OBUs than the walk reads (413).
     """
-    moov = _child(data, 0, len(data), b"moov")
-    found: list[tuple[tuple[int, int], tuple[int, int]]] = []
-    for kind, start, end in _boxes(data, *moov) if moov is not None else ():
-        tkhd = _child(data, start, end, b"tkhd") if kind == b"trak" else None
-        stsd = _path(data, start, end, b"mdia", b"minf", b"stbl", b"stsd")
-        if tkhd is None or stsd is None:
+    budget = budget or ObuBudget()
+    moovs = [(s, e) for k, s, e in _boxes(data, 0, len(data)) if k == b"moov"]
+    if len(moovs) > 1:
+        raise _unreadable("two moov boxes")
+    found: list[tuple[tuple[int, int], FrameBound]] = []
+    for kind, start, end in _boxes(data, *moovs[0]) if moovs else ():
+        if kind != b"trak":
             continue
+        stbl = _only(data, *_only(data, *_only(data, start, end, b"mdia"), b"minf"), b"stbl")
+        stsd = _only(data, *stbl, b"stsd")
+        entries = list(_boxes(data, stsd[0] + 8, stsd[1]))
+        if not any(k == b"av01" for k, _, _ in entries):  # not an AV1 track: libavif does not decode it
+            continue
+        if len(entries) != 1:
+            raise _unreadable("a sample description beside the AV1 one")
+        if len(found) == MAX_TRACKS:
+            raise PayloadTooLarge(f"the AVIF image sequence has more than {MAX_TRACKS} AV1 tracks: a parser bomb?")
+        tkhd = _only(data, start, end, b"tkhd")
         # tkhd (8.3.2): version and flags, times, track_ID, duration; reserved, layer, group, volume; matrix
         at = tkhd[0] + 4 + (32 if data[tkhd[0]] == 1 else 20) + 16 + 36
-        width, height = (value >> 16 for value in struct.unpack_from(">II", data, at))  # 16.16 fixed point
-        entry = next(((s, e) for k, s, e in _boxes(data, stsd[0] + 8, stsd[1]) if k == b"av01"), None)
-        if entry is None:  # not an AV1 track
-            continue
-        entry_width, entry_height = struct.unpack_from(">HH", data, entry[0] + 24)  # VisualSampleEntry (12.1.3)
-        av1c = _child(data, entry[0] + 78, entry[1], b"av1C")
-        frames = [_largest_frame(data, av1c[0] + 4, av1c[1])] if av1c is not None else []  # configOBUs
-        stbl = _path(data, start, end, b"mdia", b"minf", b"stbl")
-        sample = _first_sample(data, stbl) if stbl is not None else None
-        frames += [_largest_frame(data, *sample)] if sample is not None else []
-        largest = (max((w for w, _ in frames), default=0), max((h for _, h in frames), default=0))
-        found.append(((min(width, entry_width), min(height, entry_height)), largest))
+        width, height = (value >> 16 for value in _read(">II", data, at, tkhd[1]))  # 16.16 fixed point
+        _, entry_start, entry_end = entries[0]
+        entry_width, entry_height = _read(">HH", data, entry_start + 24, entry_end)  # VisualSampleEntry (12.1.3)
+        configs = [(s, e) for k, s, e in _boxes(data, entry_start + 78, entry_end) if k == b"av1C"]
+        bound = NONE
+        for config_start, config_end in configs[:1]:  # its configOBUs, after 4 bytes of fields
+            bound = bound.join(stream_bound(data, config_start + 4, config_end, budget))
+        bound = bound.join(stream_bound(data, *_first_sample(data, stbl), budget))
+        found.append(((min(width, entry_width), min(height, entry_height)), bound))
     return found
 
 
+def _too_large(frame: tuple[int, int], declared: tuple[int, int], what: str) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"the AVIF image's AV1 frame is {frame[0]}x{frame[1]}, larger than the {declared[0]}x{declared[1]} {what}, "
+        "which is what its pixels are counted by: a decoding bomb?"
+    )
+
+
 def scan_avif(data: bytes, limits: PrescanLimits) -> None:
-    """Refuse an AVIF whose AV1 frame is larger than its item's ``ispe`` or its track's size (module docstring).
+    """Refuse an AVIF whose AV1 frames can be larger than what Pillow will count (module docstring).
 
     Raises:
-        PayloadTooLarge: a coded item whose sequence header declares a frame wider or taller than
-            the item's ``ispe`` property, or a track whose does than its ``tkhd`` or sample entry (413).
+        PayloadTooLarge: a sequence header whose maximum frame exceeds its item's ``ispe`` or its
+            track's size, or whose bit widths code frames over twice it; an item larger than the
+            primary item, a track larger than the smallest track; more of anything than the walk reads (413).
+        InvalidImage: an image sequence this walk cannot follow as libavif would (415), or a meta
+            whose tables end early.
     """
-    for walk, declares in ((coded_items, "its item declares (ispe)"), (sequence_tracks, "its track declares")):
-        try:
-            pairs = walk(data)
-        except (struct.error, IndexError):  # cut short where the walk reads: libavif reports it corrupt
-            continue
-        for declared, frame in pairs:
-            if frame[0] > declared[0] or frame[1] > declared[1]:
+    budget = ObuBudget()
+    try:
+        items = coded_items(data, budget)
+    except (struct.error, IndexError):  # a table cut short: libavif could read it otherwise
+        raise InvalidImage("the AVIF image's item tables end early (it is corrupt)") from None
+    tracks = sequence_tracks(data, budget)
+    smallest = (min((w for (w, _), _ in tracks), default=0), min((h for (_, h), _ in tracks), default=0))
+    for (width, height), _ in tracks:
+        if width > smallest[0] or height > smallest[1]:  # an alpha track larger than the colour one: +286 MiB
+            raise _too_large((width, height), smallest, "track beside it declares")
+    for pairs, what in ((items, "its item declares (ispe)"), (tracks, "its track declares")):
+        for declared, bound in pairs:
+            if bound.maximum[0] > declared[0] or bound.maximum[1] > declared[1]:
+                raise _too_large(bound.maximum, declared, what)
+            if bound.codable[0] > 2 * declared[0] or bound.codable[1] > 2 * declared[1]:
                 raise PayloadTooLarge(
-                    f"the AVIF image's AV1 frame is {frame[0]}x{frame[1]}, larger than the "
-                    f"{declared[0]}x{declared[1]} {declares}, which is what its pixels are counted by: a decoding bomb?"
+                    f"the AVIF image's AV1 sequence header codes frames up to {bound.codable[0]}x{bound.codable[1]} "
+                    f"(its frame size fields' widths), over twice the {declared[0]}x{declared[1]} {what}; a frame "
+                    "header may override the size that far: a decoding bomb?"
                 )

@@ -40,6 +40,15 @@ COMMITTED: dict[str, tuple[int, tuple[int, int] | str]] = {
     "generated/avif_two_ispe.avif": (413, "AV1 frame is 2048x2048, larger than the 16x16 its item declares"),
     # The same reviewer's: an image sequence whose track says 16x16 around 12000x12000 frames (+283 MiB).
     "generated/avif_sequence_track.avif": (413, "AV1 frame is 12000x12000, larger than the 16x16 its track declares"),
+    # A fifth reviewer's (2026-12-05), each +283 to +286 MiB behind 256 reserved pixels before the fix:
+    "generated/avif_frame_size_override.avif": (413, "codes frames up to 65536x65536"),
+    "generated/avif_alpha_item_larger.avif": (413, "a 12000x12000 item inside its 16x16 image"),
+    "generated/avif_alpha_track_larger.avif": (413, "larger than the 16x16 track beside it declares"),
+    "generated/avif_sequence_two_mdia.avif": (415, "2 mdia boxes where libavif reads one"),
+    "generated/avif_sequence_co64_and_stco.avif": (415, "not exactly one chunk-offset table"),
+    "generated/avif_sequence_two_stsz.avif": (415, "2 stsz boxes where libavif reads one"),
+    "generated/avif_sequence_cut_decoy_track.avif": (415, "a table shorter than its fields"),
+    "generated/avif_sequence_ten_tracks.avif": (413, "more than 8 AV1 tracks"),
     "pillow/hopper.bmp": (200, (128, 128)),
     "pillow/hopper.heif": (200, (128, 128)),  # with the heic extra, which `make test` installs
     "pillow/hopper.tif": (200, (128, 128)),
