@@ -70,7 +70,7 @@ def scan_ico(data: bytes, limits: PrescanLimits) -> None:
     chunks = 0
     for offset in sorted(offsets):
         if data.startswith(PNG_SIGNATURE, offset):
-            walk = scan_png(data, limits, start=offset, chunks=chunks)
+            walk = scan_png(data, limits, start=offset, chunks=chunks, what="ICO image's PNG")
             chunks, size = walk.chunks, (walk.width, walk.height)
         else:
             dib = _dib(data, offset)

@@ -27,7 +27,7 @@ class PngWalk(NamedTuple):
     chunks: int
 
 
-def scan_png(data: bytes, limits: PrescanLimits, *, start: int = 0, chunks: int = 0) -> PngWalk:
+def scan_png(data: bytes, limits: PrescanLimits, *, start: int = 0, chunks: int = 0, what: str = "PNG") -> PngWalk:
     """Walk a PNG's chunks and refuse a structure bomb.
 
     Stops at IEND, at the end of the data, or at the first limit exceeded. CRCs are Pillow's
@@ -40,6 +40,7 @@ def scan_png(data: bytes, limits: PrescanLimits, *, start: int = 0, chunks: int 
         start: where the PNG starts in ``data``.
         chunks: chunks already walked in the same file (an ICO's other images), counted against
             ``limits.max_png_chunks`` with this PNG's.
+        what: the image as the messages name it ("PNG"; "ICO image's PNG" inside an icon).
 
     Raises:
         InvalidImage: an indexed-colour PNG (its last IHDR before the image data says so) with
@@ -64,7 +65,7 @@ def scan_png(data: bytes, limits: PrescanLimits, *, start: int = 0, chunks: int 
         elif kind == b"iCCP":  # Pillow inflates each one, up to the metadata limit, outside its text budget
             if profiles or image_data:
                 raise InvalidImage(
-                    "the PNG image is corrupt: a second iCCP chunk, or one after the image data (PNG spec, "
+                    f"the {what} image is corrupt: a second iCCP chunk, or one after the image data (PNG spec, "
                     "11.3.3.3: at most one, before PLTE and IDAT)"
                 )
             profiles = True
@@ -72,18 +73,18 @@ def scan_png(data: bytes, limits: PrescanLimits, *, start: int = 0, chunks: int 
             image_data = True
             if indexed and not has_palette:  # Pillow would decode the indices as grey levels
                 raise InvalidImage(
-                    "the PNG image is corrupt: an indexed-colour image without a PLTE chunk (PNG spec, 11.2.3)"
+                    f"the {what} image is corrupt: an indexed-colour image without a PLTE chunk (PNG spec, 11.2.3)"
                 )
         chunks += 1
         if chunks > limits.max_png_chunks:
             raise PayloadTooLarge(
-                f"the PNG image has more than {limits.max_png_chunks} chunks (PATCHSERVE_MAX_PNG_CHUNKS); "
+                f"the {what} image has more than {limits.max_png_chunks} chunks (PATCHSERVE_MAX_PNG_CHUNKS); "
                 "encoders write one per 8-64 KiB of image data: a parser bomb?"
             )
         if kind not in _IMAGE_DATA:
             metadata += min(length, n - pos - 12)  # what the file holds, not what a corrupt length says
             if metadata > limits.max_metadata_bytes:
-                raise metadata_too_large("PNG", f"at least {metadata}", limits.max_metadata_bytes)
+                raise metadata_too_large(what, f"at least {metadata}", limits.max_metadata_bytes)
         if kind == b"IEND":
             break
         pos += 12 + length

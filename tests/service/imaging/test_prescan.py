@@ -679,7 +679,7 @@ def test_an_icons_images_are_walked_as_pillow_reads_them() -> None:
             prescan(_ico([png], [16]), LIMITS)
     # The embedded PNG's chunks are counted as a PNG file's are (1.6 million empty chunks: 3.1 s).
     bomb = signature + ihdr(16) + _png_chunk(b"prIv", b"") * 10_001 + idat
-    with pytest.raises(PayloadTooLarge, match="more than 10000 chunks"):
+    with pytest.raises(PayloadTooLarge, match="the ICO image's PNG image has more than 10000 chunks"):
         prescan(_ico([bomb], [16]), LIMITS)
     # An icon's BMP is uncompressed: an RLE one made Pillow read opcodes to the end of the file (18 MB: 2.8 s).
     rle = struct.pack("<IiiHHIIiiII", 40, 1, 2, 1, 8, 1, 0, 0, 0, 0, 0) + bytes(1024) + b"\x00\x00" * 1000
