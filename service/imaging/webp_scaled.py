@@ -1,4 +1,5 @@
-"""A still WebP decoded by libwebp straight to about twice the input size (its built-in rescaler).
+"""A still WebP decoded by libwebp straight to about twice the input size (its built-in rescaler),
+and an animation's first frame as such a still when it covers the whole canvas.
 
 Optional: without the ``webp`` package (libwebp's decode API through cffi) Pillow decodes every
 WebP at full size.
@@ -7,6 +8,7 @@ WebP at full size.
 from __future__ import annotations
 
 import math
+import struct
 
 import numpy as np
 from PIL import Image
@@ -70,3 +72,57 @@ def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alp
     if status != webp.lib.VP8_STATUS_OK:
         return None
     return Image.fromarray(pixels, "RGBA" if alpha else "RGB")
+
+
+def _chunks(data: bytes, start: int, end: int) -> list[tuple[bytes, int, int]]:
+    """(FourCC, payload start, payload end) of the RIFF chunks in ``data[start:end]`` (WebP container
+    spec: a little-endian size, the payload padded to an even length); stops at one cut short."""
+    found, pos = [], start
+    while pos + 8 <= end and len(found) < 64:  # an animation's header chunks and one frame's: a handful
+        tag, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
+        if pos + 8 + size > end:
+            break
+        found.append((tag, pos + 8, pos + 8 + size))
+        pos += 8 + size + (size & 1)
+    return found
+
+
+def _chunk(tag: bytes, payload: bytes) -> bytes:
+    return tag + struct.pack("<I", len(payload)) + payload + b"\0" * (len(payload) & 1)
+
+
+def first_frame(data: bytes) -> bytes | None:
+    """An animated WebP's first frame as a still WebP file, when it covers the whole canvas from its
+    top-left corner (what encoders write; its pixels are then the canvas's, whatever the blending).
+
+    Pillow decodes an animation through libwebp's animation decoder, three full RGBA canvases at
+    once: two 6300x6300 frames took +609 MiB. The still goes through :func:`webp_scaled` instead.
+    The first ``ANMF`` chunk's ``ALPH`` (if any) and ``VP8 `` or ``VP8L`` chunks are wrapped in a
+    file of their own (WebP container spec, "Extended File Format"), with a ``VP8X`` saying alpha
+    when there is an ``ALPH``.
+
+    Returns:
+        The still's bytes, or None: not an animation, a first frame smaller than the canvas or
+        offset in it, or chunks this cannot follow (then Pillow decodes the animation).
+    """
+    if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
+        return None
+    chunks = _chunks(data, 12, len(data))
+    header = next(((s, e) for tag, s, e in chunks if tag == b"VP8X"), None)
+    frame = next(((s, e) for tag, s, e in chunks if tag == b"ANMF"), None)
+    if header is None or frame is None or header[1] - header[0] < 10 or frame[1] - frame[0] < 16:
+        return None
+    canvas = data[header[0] + 4 : header[0] + 10]
+    x, y, size = data[frame[0] : frame[0] + 3], data[frame[0] + 3 : frame[0] + 6], data[frame[0] + 6 : frame[0] + 12]
+    if x != b"\0\0\0" or y != b"\0\0\0" or size != canvas:
+        return None
+    parts = {tag: data[s:e] for tag, s, e in _chunks(data, frame[0] + 16, frame[1])}
+    bitstream = next((tag for tag in (b"VP8 ", b"VP8L") if tag in parts), None)
+    if bitstream is None:
+        return None
+    if b"ALPH" in parts and bitstream == b"VP8 ":  # lossy with an alpha plane: the extended format
+        extended = _chunk(b"VP8X", b"\x10\0\0\0" + canvas)
+        body = extended + _chunk(b"ALPH", parts[b"ALPH"]) + _chunk(b"VP8 ", parts[b"VP8 "])
+    else:  # the simple format: VP8L carries its own alpha
+        body = _chunk(bitstream, parts[bitstream])
+    return b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body

@@ -6,6 +6,7 @@ import asyncio
 import io
 import threading
 
+import numpy as np
 import pytest
 from PIL import Image
 
@@ -230,3 +231,35 @@ async def test_a_lone_image_past_the_request_pixel_total_is_a_413() -> None:
         held_after = client.app.state.server.pixel_budget.held
     assert response.status_code == 413 and "PATCHSERVE_MAX_REQUEST_PIXELS" in response.json()["detail"]
     assert held_after == 0
+
+
+def test_an_animated_webps_first_frame_is_decoded_as_a_scaled_still() -> None:
+    # Pillow decodes an animation through three full canvases (+609 MiB for two 6300x6300 frames);
+    # a first frame that covers the canvas is the same pixels as a still of its own bitstream.
+    from service.imaging.images import decode_image
+    from service.imaging.webp_scaled import first_frame
+
+    rng = np.random.default_rng(0)
+    for mode in ("RGB", "RGBA"):
+        for lossless in (False, True):
+            frames = [Image.fromarray(rng.integers(0, 255, (60, 80, len(mode)), np.uint8), mode) for _ in range(3)]
+            buffer = io.BytesIO()
+            frames[0].save(buffer, "WEBP", save_all=True, append_images=frames[1:], lossless=lossless)
+            still = first_frame(buffer.getvalue())
+            assert still is not None
+            animated = Image.open(io.BytesIO(buffer.getvalue())).convert("RGBA")  # Pillow's frame 0
+            alone = Image.open(io.BytesIO(still))
+            assert alone.n_frames == 1 and alone.size == (80, 60)
+            np.testing.assert_array_equal(np.asarray(alone.convert("RGBA")), np.asarray(animated))
+    # Decoded with a draft size, a large animation's first frame is scaled as a still is.
+    buffer = io.BytesIO()
+    frames = [Image.new("RGB", (4000, 3000), colour) for colour in ((30, 60, 90), (90, 60, 30))]
+    frames[0].save(buffer, "WEBP", lossless=True, save_all=True, append_images=frames[1:])
+    decoded = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8, draft_size=(128, 128))
+    assert (decoded.width, decoded.height) == (4000, 3000) and decoded.size == (342, 256)
+    assert decoded.image.getpixel((5, 5)) == (30, 60, 90)  # the first frame, not the second
+    # A first frame smaller than the canvas, or offset in it, is left to Pillow.
+    data = bytearray(buffer.getvalue())
+    anmf = data.index(b"ANMF") + 8
+    data[anmf : anmf + 3] = b"\x01\x00\x00"  # x offset 2
+    assert first_frame(bytes(data)) is None and first_frame(b"RIFF\0\0\0\0WEBPVP8 ") is None
