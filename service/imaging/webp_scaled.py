@@ -77,7 +77,8 @@ def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alp
 def _chunks(data: bytes, start: int, end: int) -> list[tuple[bytes, int, int]]:
     """(FourCC, payload start, payload end) of the RIFF chunks in ``data[start:end]`` (WebP container
     spec: a little-endian size, the payload padded to an even length); stops at one cut short."""
-    found, pos = [], start
+    found: list[tuple[bytes, int, int]] = []
+    pos = start
     while pos + 8 <= end and len(found) < 64:  # an animation's header chunks and one frame's: a handful
         tag, size = data[pos : pos + 4], struct.unpack_from("<I", data, pos + 4)[0]
         if pos + 8 + size > end:
