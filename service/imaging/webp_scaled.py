@@ -46,8 +46,9 @@ def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alp
         alpha: decode RGBA (the file has alpha) rather than RGB.
 
     Returns:
-        An "RGB" or "RGBA" image, or None when scaling would not shrink it, or libwebp cannot
-        decode the file this way (then Pillow decodes it, and reports any fault).
+        An "RGB" or "RGBA" image, or None when scaling would not shrink it, the bitstream is not
+        ``size``, or libwebp cannot decode the file this way (then Pillow decodes it, and reports
+        any fault).
     """
     if not _WEBP_SCALES:
         return None
@@ -56,6 +57,11 @@ def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alp
     scaled = (max(1, min(width, math.ceil(width * scale))), max(1, min(height, math.ceil(height * scale))))
     if scaled[0] * scaled[1] * 2 > width * height:
         return None  # not worth a second path: Pillow decodes it
+    source = webp.ffi.from_buffer(data)
+    features = webp.ffi.new("WebPBitstreamFeatures *")
+    status = webp.lib.WebPGetFeatures(webp.ffi.cast("uint8_t*", source), len(data), features)
+    if status != webp.lib.VP8_STATUS_OK or (features.width, features.height) != size:
+        return None  # a bitstream larger than what was counted (an animation's frame): Pillow checks it
     channels, mode = (4, webp.WebPColorMode.RGBA) if alpha else (3, webp.WebPColorMode.RGB)
     pixels = np.empty((scaled[1], scaled[0], channels), dtype=np.uint8)  # (H, W, C)
     config = webp.WebPDecoderConfig.new()
@@ -66,7 +72,6 @@ def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alp
     config.output.u.RGBA.rgba = webp.ffi.cast("uint8_t*", webp.ffi.from_buffer(pixels))
     config.output.u.RGBA.size = pixels.size
     config.output.u.RGBA.stride = scaled[0] * channels
-    source = webp.ffi.from_buffer(data)
     status = webp.lib.WebPDecode(webp.ffi.cast("uint8_t*", source), len(data), config.ptr)
     webp.lib.WebPFreeDecBuffer(webp.ffi.addressof(config.ptr, "output"))
     if status != webp.lib.VP8_STATUS_OK:

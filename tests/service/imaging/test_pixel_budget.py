@@ -263,3 +263,27 @@ def test_an_animated_webps_first_frame_is_decoded_as_a_scaled_still() -> None:
     anmf = data.index(b"ANMF") + 8
     data[anmf : anmf + 3] = b"\x01\x00\x00"  # x offset 2
     assert first_frame(bytes(data)) is None and first_frame(b"RIFF\0\0\0\0WEBPVP8 ") is None
+
+
+def test_a_webp_bitstream_larger_than_its_counted_size_is_left_to_pillow() -> None:
+    # An animation's ANMF and canvas can say 1000x800 around a 3000x2000 bitstream: the still made
+    # of it must not be decoded at the bitstream's size while 800,000 pixels are counted.
+    import struct
+
+    from service.imaging.webp_scaled import first_frame, webp_scaled
+
+    big = io.BytesIO()
+    Image.new("RGB", (3000, 2000), (10, 20, 30)).save(big, "WEBP", lossless=True)
+    buffer = io.BytesIO()
+    frames = [Image.new("RGB", (1000, 800), colour) for colour in ((1, 2, 3), (4, 5, 6))]
+    frames[0].save(buffer, "WEBP", lossless=True, save_all=True, append_images=frames[1:])
+    data = buffer.getvalue()
+    at = data.index(b"ANMF")
+    (size,) = struct.unpack_from("<I", data, at + 4)
+    inner = data[at + 8 : at + 24] + big.getvalue()[big.getvalue().index(b"VP8L") :]
+    anmf = b"ANMF" + struct.pack("<I", len(inner)) + inner + b"\0" * (len(inner) & 1)
+    forged = bytearray(data[:at] + anmf + data[at + 8 + size + (size & 1) :])
+    struct.pack_into("<I", forged, 4, len(forged) - 8)
+    still = first_frame(bytes(forged))
+    assert still is not None and webp_scaled(still, (1000, 800), (128, 128), alpha=False) is None
+    assert webp_scaled(first_frame(data) or b"", (1000, 800), (128, 128), alpha=False) is not None  # the honest one
