@@ -17,6 +17,7 @@ from service.core.errors import PayloadTooLarge
 SEQUENCE_HEADER = 1  # obu_type (AV1 spec, 6.2.2)
 MAX_HEADERS = 4  # sequence headers in one item or sample: a still image's is one
 MAX_OBUS = 16_384  # OBUs walked in one file, every item and track together: a still's are a handful
+MAX_HEADER_BYTES = 65_536  # sequence headers' bytes read in one file: a 1,024-tile grid's are about 12 KB
 
 
 class FrameBound(NamedTuple):
@@ -38,12 +39,22 @@ NONE = FrameBound((0, 0), (0, 0))
 
 
 class ObuBudget:
-    """OBUs the walk may still read in one file (:data:`MAX_OBUS`): every item and track shares it,
-    so thousands of tracks or items pointing at one heavy sample cost bounded CPU (a reviewer's 4,095
-    tracks over one sample took 4.5 s of Python)."""
+    """OBUs (:data:`MAX_OBUS`) and sequence-header bytes (:data:`MAX_HEADER_BYTES`) the walk may still
+    read in one file: every item and track shares them, so thousands of tracks or items over heavy
+    headers cost bounded CPU (4,095 tracks over one sample took 4.5 s of Python; 1,024 items of four
+    maximal headers, 1.16 s)."""
 
-    def __init__(self, obus: int = MAX_OBUS) -> None:
-        self.left = obus
+    def __init__(self, obus: int = MAX_OBUS, header_bytes: int = MAX_HEADER_BYTES) -> None:
+        self.left, self.header_bytes = obus, header_bytes
+
+    def read_header(self, size: int) -> None:
+        """A sequence header of ``size`` bytes is about to be read. Raises PayloadTooLarge when the
+        file's header bytes are spent."""
+        self.header_bytes -= size
+        if self.header_bytes < 0:
+            raise PayloadTooLarge(
+                f"the AVIF image holds more than {MAX_HEADER_BYTES} bytes of AV1 sequence headers: a parser bomb?"
+            )
 
     def spend(self) -> None:
         """One OBU more. Raises PayloadTooLarge when none is left."""
@@ -145,6 +156,7 @@ def stream_bound(data: bytes, start: int, end: int, budget: ObuBudget) -> FrameB
                     f"the AVIF image's item or sample holds more than {MAX_HEADERS} AV1 sequence headers; "
                     "a still image holds one"
                 )
+            budget.read_header(min(pos + size, end) - pos)
             try:
                 bound = bound.join(sequence_bound(data, pos, min(pos + size, end)))
             except EOFError:

@@ -49,6 +49,13 @@ COMMITTED: dict[str, tuple[int, tuple[int, int] | str]] = {
     "generated/avif_sequence_two_stsz.avif": (415, "2 stsz boxes where libavif reads one"),
     "generated/avif_sequence_cut_decoy_track.avif": (415, "a table shorter than its fields"),
     "generated/avif_sequence_ten_tracks.avif": (413, "more than 8 AV1 tracks"),
+    # A sixth reviewer's: a grid decoded to its own output size, not its ispe (+124 MiB here, +1.9 GiB at
+    # 16384x16384 behind 1 MP); tiles given a dav1d each by differing a1op (+173 MiB, +1.1 GiB on 16
+    # cores); an empty tkhd at the end of the file (an IndexError, a 500). The same grid without a1op decodes.
+    "generated/avif_grid_output_larger.avif": (413, "grid is 4096x4096, larger than the 256x256 it declares"),
+    "generated/avif_grid_operating_points.avif": (413, "select different AV1 operating points or layers"),
+    "generated/avif_grid_256_tiles.avif": (200, (1024, 1024)),
+    "generated/avif_sequence_empty_tkhd.avif": (415, "a table shorter than its fields"),
     "pillow/hopper.bmp": (200, (128, 128)),
     "pillow/hopper.heif": (200, (128, 128)),  # with the heic extra, which `make test` installs
     "pillow/hopper.tif": (200, (128, 128)),

@@ -798,3 +798,16 @@ def test_an_avif_sequence_whose_frames_are_larger_than_its_track_is_refused() ->
         with pytest.raises(PayloadTooLarge, match="AV1 frame is 256x256, larger than the 16x16 its track declares"):
             prescan(bytes(bomb), LIMITS)
     assert not prescan(legit, LIMITS).multi_scan  # the same file unpatched passes
+
+
+def test_the_avif_walks_cost_is_bounded_by_the_files_obus_and_header_bytes() -> None:
+    # A sixth reviewer's: 1,024 items of four maximal sequence headers cost 1.16 s of Python walking.
+    from service.imaging.prescan_av1 import ObuBudget
+
+    buffer = io.BytesIO()
+    Image.new("RGB", (64, 48), (90, 120, 200)).save(buffer, "AVIF", speed=10)
+    assert len(coded_items(buffer.getvalue(), ObuBudget())) == 1
+    with pytest.raises(PayloadTooLarge, match="bytes of AV1 sequence headers"):
+        coded_items(buffer.getvalue(), ObuBudget(header_bytes=4))  # a header is about a dozen bytes
+    with pytest.raises(PayloadTooLarge, match="AV1 OBUs in its items and tracks"):
+        coded_items(buffer.getvalue(), ObuBudget(obus=1))
