@@ -106,8 +106,9 @@ class Properties(NamedTuple):
             larger one hid a frame).
         coded: the IDs of the items with an ``av1C``. Only AV1 items are coded here: a HEIF's HEVC
             items share the container, not the codec; a grid has an ``ispe`` and no codec.
-        selections: coded item ID -> (its ``a1op`` operating point, its ``lsel`` layer; 0 and
-            0xFFFF when absent). libavif gives items that differ a dav1d decoder each.
+        selections: coded item ID -> (its first ``a1op`` operating point, its first ``lsel`` layer,
+            as libavif reads them; 0 and 0xFFFF when absent). libavif gives items that differ a
+            dav1d decoder each (a second ``a1op`` of 0 after one of 1 hid the difference).
     """
 
     sizes: dict[int, tuple[int, int]]
@@ -136,7 +137,8 @@ def properties(data: bytes, start: int, end: int) -> Properties:
     layer = {index: uint(data, s, 2) for index, (kind, s, e) in listed if kind == b"lsel" and e - s >= 2}
     found: dict[int, tuple[int, int]] = {}
     coded: set[int] = set()
-    chosen: dict[int, tuple[int, int]] = {}
+    first_point: dict[int, int] = {}
+    first_layer: dict[int, int] = {}
     total = 0
     for kind, s, e in boxes(data, start, end):
         if kind != b"ipma" or e - s < 8:
@@ -164,9 +166,11 @@ def properties(data: bytes, start: int, end: int) -> Properties:
                 if index in spatial:
                     found.setdefault(item, spatial[index])
                 coded.update((item,) if index in av1 else ())
-                point, selected = chosen.get(item, (0, 0xFFFF))
-                chosen[item] = (operating.get(index, point), layer.get(index, selected))
-    return Properties(found, coded, {item: chosen.get(item, (0, 0xFFFF)) for item in coded})
+                if index in operating:  # the first of each, as libavif finds it (avifPropertyArrayFind)
+                    first_point.setdefault(item, operating[index])
+                if index in layer:
+                    first_layer.setdefault(item, layer[index])
+    return Properties(found, coded, {item: (first_point.get(item, 0), first_layer.get(item, 0xFFFF)) for item in coded})
 
 
 def item_types(data: bytes, start: int, end: int) -> dict[int, bytes]:
