@@ -33,7 +33,7 @@ from service.imaging.modes import DISPLAY_TRANSPOSE, TRANSPOSED_ORIENTATIONS
 from service.imaging.prescan import prescan
 from service.imaging.prescan_limits import PrescanLimits
 from service.imaging.render import displayed_canvas
-from service.imaging.webp_scaled import first_frame, webp_scaled
+from service.imaging.webp_scaled import first_frame_scaled, webp_scaled
 
 log = logging.getLogger(__name__)
 
@@ -117,8 +117,8 @@ def decode_image(
         max_pixels: largest width x height accepted, checked from the header before decoding.
         draft_size: (width, height) in displayed orientation the caller will resize to; a JPEG
             is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big,
-            and a still WebP (or an animated one's first frame, when it covers the canvas) by
-            libwebp's rescaler to about twice that (:func:`~service.imaging.webp_scaled.webp_scaled`).
+            and a still WebP (or an animated one's first frame) by libwebp's rescaler to about
+            twice that (:func:`~service.imaging.webp_scaled.webp_scaled`).
         background: (R, G, B) 0-255 under transparent pixels.
         limits: the structure and metadata limits of :func:`service.imaging.prescan.prescan`
             (default :class:`PrescanLimits`' defaults). An ICC profile or text chunk up to
@@ -196,11 +196,10 @@ class OpenedImage:
         with FileFaults(self._data, self._name, self._max_pixels, self._limits):
             transposed = orientation in TRANSPOSED_ORIENTATIONS  # None (a PNG): no draft, no scaling
             scaled = None
-            if self._draft_size is not None and self.format == "WEBP":  # an animation: its first frame, if whole
-                still = self._data if getattr(image, "n_frames", 1) == 1 else first_frame(self._data)
+            if self._draft_size is not None and self.format == "WEBP":  # an animation: its first frame
                 stored_target = (self._draft_size[1], self._draft_size[0]) if transposed else self._draft_size
-                if still is not None:
-                    scaled = webp_scaled(still, image.size, stored_target, alpha=image.mode == "RGBA")
+                scale = webp_scaled if getattr(image, "n_frames", 1) == 1 else first_frame_scaled
+                scaled = scale(self._data, image.size, stored_target, alpha=image.mode == "RGBA")
             if scaled is not None:
                 image = scaled
             else:

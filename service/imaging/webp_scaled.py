@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import struct
+from typing import NamedTuple
 
 import numpy as np
 from PIL import Image
@@ -50,13 +51,24 @@ def webp_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alp
         ``size``, or libwebp cannot decode the file this way (then Pillow decodes it, and reports
         any fault).
     """
+    scaled = _scaled_size(size, target)
+    return None if scaled is None else _decode_to(data, size, scaled, alpha)
+
+
+def _scaled_size(size: tuple[int, int], target: tuple[int, int]) -> tuple[int, int] | None:
+    """About twice ``target``, aspect kept, never larger than ``size``; None when that would not
+    halve the pixels (not worth a second path: Pillow decodes it), or without the ``webp`` package."""
     if not _WEBP_SCALES:
         return None
     width, height = size
     scale = min(1.0, 2 * max(target[0] / width, target[1] / height))
     scaled = (max(1, min(width, math.ceil(width * scale))), max(1, min(height, math.ceil(height * scale))))
-    if scaled[0] * scaled[1] * 2 > width * height:
-        return None  # not worth a second path: Pillow decodes it
+    return None if scaled[0] * scaled[1] * 2 > width * height else scaled
+
+
+def _decode_to(data: bytes, size: tuple[int, int], scaled: tuple[int, int], alpha: bool) -> Image.Image | None:
+    """A still WebP of ``size`` decoded by libwebp's rescaler to ``scaled`` (None: it is not ``size``,
+    or libwebp cannot decode it so)."""
     source = webp.ffi.from_buffer(data)
     features = webp.ffi.new("WebPBitstreamFeatures *")
     status = webp.lib.WebPGetFeatures(webp.ffi.cast("uint8_t*", source), len(data), features)
@@ -97,9 +109,17 @@ def _chunk(tag: bytes, payload: bytes) -> bytes:
     return tag + struct.pack("<I", len(payload)) + payload + b"\0" * (len(payload) & 1)
 
 
-def first_frame(data: bytes) -> bytes | None:
-    """An animated WebP's first frame as a still WebP file, when it covers the whole canvas from its
-    top-left corner (what encoders write; its pixels are then the canvas's, whatever the blending).
+class FirstFrame(NamedTuple):
+    """An animated WebP's first frame: ``still``, a WebP file of its own; ``box`` (x, y, width,
+    height) where it lies on the canvas, pixels."""
+
+    still: bytes
+    box: tuple[int, int, int, int]
+
+
+def first_frame(data: bytes) -> FirstFrame | None:
+    """An animated WebP's first frame as a still WebP file, and where it lies on the canvas (what
+    libwebp's animation decoder draws first, onto a transparent canvas, whatever the blending).
 
     Pillow decodes an animation through libwebp's animation decoder, three full RGBA canvases at
     once: two 6300x6300 frames took +609 MiB. The still goes through :func:`webp_scaled` instead.
@@ -108,8 +128,8 @@ def first_frame(data: bytes) -> bytes | None:
     when there is an ``ALPH``.
 
     Returns:
-        The still's bytes, or None: not an animation, a first frame smaller than the canvas or
-        offset in it, or chunks this cannot follow (then Pillow decodes the animation).
+        The still and its box, or None: not an animation, a frame outside the canvas, or chunks
+        this cannot follow (then Pillow decodes the animation).
     """
     if data[:4] != b"RIFF" or data[8:12] != b"WEBP":
         return None
@@ -119,16 +139,48 @@ def first_frame(data: bytes) -> bytes | None:
     if header is None or frame is None or header[1] - header[0] < 10 or frame[1] - frame[0] < 16:
         return None
     canvas = data[header[0] + 4 : header[0] + 10]
-    x, y, size = data[frame[0] : frame[0] + 3], data[frame[0] + 3 : frame[0] + 6], data[frame[0] + 6 : frame[0] + 12]
-    if x != b"\0\0\0" or y != b"\0\0\0" or size != canvas:
+    (canvas_width, canvas_height), (x, y, width, height) = (
+        (_u24(canvas, 0) + 1, _u24(canvas, 3) + 1),
+        tuple(_u24(data, frame[0] + at) * 2 for at in (0, 3)) + tuple(_u24(data, frame[0] + at) + 1 for at in (6, 9)),
+    )
+    if x + width > canvas_width or y + height > canvas_height:  # libwebp's demuxer refuses it: Pillow says so
         return None
     parts = {tag: data[s:e] for tag, s, e in _chunks(data, frame[0] + 16, frame[1])}
     bitstream = next((tag for tag in (b"VP8 ", b"VP8L") if tag in parts), None)
     if bitstream is None:
         return None
     if b"ALPH" in parts and bitstream == b"VP8 ":  # lossy with an alpha plane: the extended format
-        extended = _chunk(b"VP8X", b"\x10\0\0\0" + canvas)
+        extended = _chunk(b"VP8X", b"\x10\0\0\0" + data[frame[0] + 6 : frame[0] + 12])
         body = extended + _chunk(b"ALPH", parts[b"ALPH"]) + _chunk(b"VP8 ", parts[b"VP8 "])
     else:  # the simple format: VP8L carries its own alpha
         body = _chunk(bitstream, parts[bitstream])
-    return b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body
+    return FirstFrame(b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body, (x, y, width, height))
+
+
+def _u24(data: bytes, at: int) -> int:
+    return int.from_bytes(data[at : at + 3], "little")
+
+
+def first_frame_scaled(data: bytes, size: tuple[int, int], target: tuple[int, int], alpha: bool) -> Image.Image | None:
+    """An animated WebP's first frame on its canvas, decoded by libwebp's rescaler as
+    :func:`webp_scaled` decodes a still: the frame alone, scaled, on a canvas of the scaled size,
+    transparent (``alpha``) or black around it, as libwebp's animation decoder draws it. None
+    when :func:`first_frame` or the scaling gives none (then Pillow decodes the animation).
+
+    Pillow's animation decoder holds three full canvases: a 140-byte file of a 2x2 first frame on
+    a 6324x6324 canvas took +699 MiB at peak, 16 of them 10 s of CPU.
+    """
+    frame, scaled = first_frame(data), _scaled_size(size, target)
+    if frame is None or scaled is None:
+        return None
+    x, y, width, height = frame.box
+    if (x, y, width, height) == (0, 0, *size):
+        return _decode_to(frame.still, size, scaled, alpha)
+    sx, sy = scaled[0] / size[0], scaled[1] / size[1]
+    inner = (max(1, round(width * sx)), max(1, round(height * sy)))
+    picture = _decode_to(frame.still, (width, height), inner, alpha)
+    if picture is None:
+        return None
+    canvas = Image.new("RGBA" if alpha else "RGB", scaled, (0, 0, 0, 0) if alpha else (0, 0, 0))
+    canvas.paste(picture, (min(round(x * sx), scaled[0] - inner[0]), min(round(y * sy), scaled[1] - inner[1])))
+    return canvas

@@ -245,10 +245,10 @@ def test_an_animated_webps_first_frame_is_decoded_as_a_scaled_still() -> None:
             frames = [Image.fromarray(rng.integers(0, 255, (60, 80, len(mode)), np.uint8), mode) for _ in range(3)]
             buffer = io.BytesIO()
             frames[0].save(buffer, "WEBP", save_all=True, append_images=frames[1:], lossless=lossless)
-            still = first_frame(buffer.getvalue())
-            assert still is not None
+            frame = first_frame(buffer.getvalue())
+            assert frame is not None and frame.box == (0, 0, 80, 60)
             animated = Image.open(io.BytesIO(buffer.getvalue())).convert("RGBA")  # Pillow's frame 0
-            alone = Image.open(io.BytesIO(still))
+            alone = Image.open(io.BytesIO(frame.still))
             assert alone.n_frames == 1 and alone.size == (80, 60)
             np.testing.assert_array_equal(np.asarray(alone.convert("RGBA")), np.asarray(animated))
     # Decoded with a draft size, a large animation's first frame is scaled as a still is.
@@ -258,11 +258,43 @@ def test_an_animated_webps_first_frame_is_decoded_as_a_scaled_still() -> None:
     decoded = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**8, draft_size=(128, 128))
     assert (decoded.width, decoded.height) == (4000, 3000) and decoded.size == (342, 256)
     assert decoded.image.getpixel((5, 5)) == (30, 60, 90)  # the first frame, not the second
-    # A first frame smaller than the canvas, or offset in it, is left to Pillow.
+    # A frame past the canvas's edge is left to Pillow (libwebp's demuxer refuses it), as is a still.
     data = bytearray(buffer.getvalue())
     anmf = data.index(b"ANMF") + 8
-    data[anmf : anmf + 3] = b"\x01\x00\x00"  # x offset 2
+    data[anmf : anmf + 3] = b"\x01\x00\x00"  # x offset 2: the 4000-wide frame passes the edge
     assert first_frame(bytes(data)) is None and first_frame(b"RIFF\0\0\0\0WEBPVP8 ") is None
+
+
+def test_an_animated_webps_small_first_frame_is_drawn_scaled_on_its_canvas() -> None:
+    # A fresh user's 140-byte file, a 2x2 first frame on a 6324x6324 canvas, took +699 MiB and 1 s
+    # through Pillow's three canvases. The frame is decoded alone, scaled, and placed as libwebp
+    # draws it: on a transparent canvas (white once composited) or, without alpha, a black one.
+    import struct
+
+    from service.imaging.images import decode_image
+
+    def chunk(tag: bytes, payload: bytes) -> bytes:
+        return tag + struct.pack("<I", len(payload)) + payload + b"\0" * (len(payload) & 1)
+
+    def u24(value: int) -> bytes:
+        return value.to_bytes(3, "little")
+
+    still = io.BytesIO()
+    Image.new("RGBA", (400, 300), (255, 0, 0, 255)).save(still, "WEBP", lossless=True)
+    bitstream = still.getvalue()[12:]
+    for alpha, around in ((True, (255, 255, 255)), (False, (0, 0, 0))):
+        body = chunk(b"VP8X", bytes([0x02 | (0x10 if alpha else 0)]) + bytes(3) + u24(1999) + u24(1499))
+        body += chunk(b"ANIM", bytes(6))
+        for x, y in ((800, 600), (0, 0)):
+            body += chunk(b"ANMF", u24(x // 2) + u24(y // 2) + u24(399) + u24(299) + u24(100) + b"\0" + bitstream)
+        data = b"RIFF" + struct.pack("<I", 4 + len(body)) + b"WEBP" + body
+        scaled = decode_image(data, color_mode="RGB", max_pixels=10**8, draft_size=(128, 128))
+        whole = decode_image(data, color_mode="RGB", max_pixels=10**8)  # Pillow's frame 0, full size
+        assert scaled.size == (342, 256) and whole.size == (2000, 1500)
+        assert scaled.image.getpixel((5, 5)) == whole.image.getpixel((5, 5)) == around
+        assert scaled.image.getpixel((171, 128)) == whole.image.getpixel((1000, 750)) == (255, 0, 0)
+        reduced = np.asarray(whole.image.resize(scaled.size, Image.Resampling.BOX), np.int32)
+        assert np.abs(reduced - np.asarray(scaled.image, np.int32)).mean() < 1  # the same picture, scaled
 
 
 def test_a_webp_bitstream_larger_than_its_counted_size_is_left_to_pillow() -> None:
@@ -284,6 +316,6 @@ def test_a_webp_bitstream_larger_than_its_counted_size_is_left_to_pillow() -> No
     anmf = b"ANMF" + struct.pack("<I", len(inner)) + inner + b"\0" * (len(inner) & 1)
     forged = bytearray(data[:at] + anmf + data[at + 8 + size + (size & 1) :])
     struct.pack_into("<I", forged, 4, len(forged) - 8)
-    still = first_frame(bytes(forged))
-    assert still is not None and webp_scaled(still, (1000, 800), (128, 128), alpha=False) is None
-    assert webp_scaled(first_frame(data) or b"", (1000, 800), (128, 128), alpha=False) is not None  # the honest one
+    frame, honest = first_frame(bytes(forged)), first_frame(data)
+    assert frame is not None and webp_scaled(frame.still, (1000, 800), (128, 128), alpha=False) is None
+    assert honest is not None and webp_scaled(honest.still, (1000, 800), (128, 128), alpha=False) is not None
