@@ -60,13 +60,15 @@ def scan_ico(data: bytes, limits: PrescanLimits) -> None:
     Raises:
         PayloadTooLarge: an embedded PNG or BMP wider or taller than 256 pixels; a PNG's limits
             (413).
-        InvalidImage: a run-length-encoded BMP image (icons are uncompressed), or a PNG's
-            structure Pillow would misread (415).
+        InvalidImage: a run-length-encoded BMP image (icons are uncompressed), an image whose
+            offset points into the directory, or a PNG's structure Pillow would misread (415).
     """
     if len(data) < 6:
         return
     (count,) = struct.unpack_from("<H", data, 4)
     offsets = {struct.unpack_from("<I", data, 6 + 16 * i + 12)[0] for i in range(min(count, (len(data) - 6) // 16))}
+    if any(offset < 6 + 16 * count for offset in offsets):  # its own header read as an image's (a "1000x0" image)
+        raise InvalidImage("the ICO image is corrupt: an image's offset points into its directory")
     chunks = 0
     for offset in sorted(offsets):
         if data.startswith(PNG_SIGNATURE, offset):

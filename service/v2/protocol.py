@@ -294,7 +294,8 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
     timeout_us = parameters.get("timeout", 0)
     _require(
         isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us >= 0,
-        f"parameters.timeout must be a non-negative integer number of microseconds, not {timeout_us!r:.40}",
+        f"parameters.timeout must be a non-negative integer number of microseconds below 2**63 (JSON numbers "
+        f"beyond it read as floats), not {timeout_us!r:.40}",
     )
 
     entries = document.get("inputs")

@@ -811,3 +811,18 @@ def test_the_avif_walks_cost_is_bounded_by_the_files_obus_and_header_bytes() -> 
         coded_items(buffer.getvalue(), ObuBudget(header_bytes=4))  # a header is about a dozen bytes
     with pytest.raises(PayloadTooLarge, match="AV1 OBUs in its items and tracks"):
         coded_items(buffer.getvalue(), ObuBudget(obus=1))
+
+
+def test_a_fresh_users_ico_and_png_oddities_are_415s() -> None:
+    # An ICO whose directory says 1000 entries around one zeroed entry: its offset 0 made the walk
+    # read the ICO's own header as a bitmap's, and answer "embeds a 1000x0 image" (a 413).
+    corrupt = b"\0\0\1\0" + struct.pack("<H", 1000) + bytes(16)
+    with pytest.raises(InvalidImage, match="an image's offset points into its directory"):
+        prescan(corrupt, LIMITS)
+    # A PNG whose IHDR says interlace method 5 (0 or 1 only) was decoded and answered 200.
+    png = bytearray(_png((8, 8)))
+    png[8 + 8 + 12] = 5
+    with pytest.raises(InvalidImage, match="compression, filter or interlace method"):
+        prescan(bytes(png), LIMITS)
+    png[8 + 8 + 12] = 1  # Adam7: defined
+    prescan(bytes(png), LIMITS)

@@ -271,6 +271,7 @@ async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> Non
         generous = await client.post(INFER, json=json_request(x, parameters={"timeout": 10_000_000}))
         by_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "0.000001"})
         bad = await client.post(INFER, json=json_request(x, parameters={"timeout": -5}))
+        huge = await client.post(INFER, json=json_request(x, parameters={"timeout": 10**30}))  # an integer literal
         bad_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "soon"})
         bad_query = await client.post(INFER, json=json_request(x), params={"timeout": "0"})
         metrics = (await client.get("/metrics")).text
@@ -278,6 +279,8 @@ async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> Non
     assert generous.status_code == 200
     assert_error(by_header, 504, "deadline")
     assert_error(bad, 400, "timeout")
+    # A fresh user's: 10**30 read as the float 1e+30, and the 400 called an integer "not an integer".
+    assert_error(huge, 400, "below 2**63 (JSON numbers beyond it read as floats)")
     # Found by a fresh user: the 400 said only "Input should be a valid number" and named nothing.
     assert_error(bad_header, 400, "header 'x-request-timeout': Input should be a valid number")
     assert_error(bad_query, 400, "query parameter 'timeout': Input should be greater than 0")
@@ -494,7 +497,10 @@ def test_json_data_out_of_its_datatype_is_a_400_never_a_silent_cast(datatype: st
         parse_infer_request(request(data), None)
     for value, shown in ((1e30, "1e+30"), ("5", "'5'")):
         timeout = orjson.dumps({"inputs": orjson.loads(request(data))["inputs"], "parameters": {"timeout": value}})
-        with pytest.raises(BadRequest, match=re.escape(f"integer number of microseconds, not {shown}")):
+        with pytest.raises(
+            BadRequest,
+            match=re.escape(f"microseconds below 2**63 (JSON numbers beyond it read as floats), not {shown}"),
+        ):
             parse_infer_request(timeout, None)
     fine = {
         "UINT8": [0, 255, 7],
