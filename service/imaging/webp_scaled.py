@@ -1,5 +1,5 @@
 """A still WebP decoded by libwebp straight to about twice the input size (its built-in rescaler),
-and an animation's first frame as such a still when it covers the whole canvas.
+and an animation's first frame decoded the same way, on its own, and drawn on its scaled canvas.
 
 Optional: without the ``webp`` package (libwebp's decode API through cffi) Pillow decodes every
 WebP at full size.
@@ -122,7 +122,7 @@ def first_frame(data: bytes) -> FirstFrame | None:
     libwebp's animation decoder draws first, onto a transparent canvas, whatever the blending).
 
     Pillow decodes an animation through libwebp's animation decoder, three full RGBA canvases at
-    once: two 6300x6300 frames took +609 MiB. The still goes through :func:`webp_scaled` instead.
+    once: two 6300x6300 frames took +609 MiB. The still goes through :func:`first_frame_scaled` instead.
     The first ``ANMF`` chunk's ``ALPH`` (if any) and ``VP8 `` or ``VP8L`` chunks are wrapped in a
     file of their own (WebP container spec, "Extended File Format"), with a ``VP8X`` saying alpha
     when there is an ``ALPH``.
