@@ -13,7 +13,10 @@ frame larger than what is declared:
 * each coded item (``av1C``, through ``iloc`` and ``ipma``): its sequence headers' maximum may not
   exceed its first ``ispe`` (the one libavif reads), nor the largest frame their bit widths code
   twice its ``ispe`` (what encoders write is the fewest bits for the maximum, under twice it; a
-  wider field is room for an override), and its ``ispe`` may not exceed the primary item's;
+  wider field is room for an override), and its ``ispe`` may not exceed the primary item's; a
+  grid's output (in its own data, ISO/IEC 23008-12, 6.6.2.3) may not exceed its ``ispe``, which
+  is what libavif decodes to; and every coded item must select the same operating point and layer
+  (``a1op``, ``lsel``), or libavif gives each tile a dav1d of its own;
 * each AV1 track of an image sequence (``moov``/``trak``, ISO/IEC 14496-12, 8.3): the sequence
   headers of its sample entry's ``av1C`` and of its first sample (libavif decodes that one for the
   first frame) likewise against the smaller of its ``tkhd`` and ``av01`` sample entry, and each
@@ -22,8 +25,9 @@ frame larger than what is declared:
 A sequence's tables are read strictly: one ``mdia``, ``minf``, ``stbl``, ``stsd``, ``stsz`` and
 chunk-offset table each, none empty, every read inside its box; where libavif could read a file
 otherwise than this walk (two ``mdia`` boxes, ``stco`` beside ``co64``), it is refused as
-uncheckable (415). The walk's own cost is bounded: the OBUs of every item and track together
-(:data:`~service.imaging.prescan_av1.MAX_OBUS`), at most :data:`MAX_TRACKS` AV1 tracks.
+uncheckable (415). The walk's own cost is bounded: the OBUs and sequence-header bytes of every
+item and track together (:mod:`service.imaging.prescan_av1`), the property associations
+(:mod:`service.imaging.prescan_heif`), at most :data:`MAX_TRACKS` AV1 tracks.
 """
 
 from __future__ import annotations
@@ -46,9 +50,8 @@ def is_avif(data: bytes) -> bool:
 
 def coded_items(data: bytes, budget: ObuBudget | None = None) -> list[tuple[tuple[int, int], FrameBound]]:
     """Each AV1 item with an ``ispe``: (its first ``ispe`` (width, height), the frames the sequence
-    headers in its data allow, :data:`~service.imaging.prescan_av1.NONE` when none was read); the
-    primary item's size as the first row's when it is not itself coded (a grid). Empty when the
-    file's ``meta`` cannot be followed.
+    headers in its data allow, :data:`~service.imaging.prescan_av1.NONE` when none was read). Empty
+    when the file's ``meta`` cannot be followed.
 
     Raises:
         PayloadTooLarge: more boxes, items, extents, associations or OBUs than the walk reads, items
