@@ -21,15 +21,15 @@ that expired or were cancelled in between.
 
 **Stack, run, check/split, answer.** The inputs are stacked (or padded, with their mask) straight
 into the runner's preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`), the model is
-called once in the
-runner's own thread, every output is checked for one row per input, then split. A failing batch
+called once in the runner's own thread, every output is checked for one row per input, then split. A failing batch
 fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
 request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
 
 **Instances.** Given N runners (N sessions of one model: Triton's instance count), one batcher
 feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
 in flight at once. With one runner, a batch is collected only once the previous one has run. A
-*wide* runner (every core) may stand beside them for a request that arrives alone while they idle.
+*wide* runner (every core) may stand beside them for a request that arrives alone while they idle;
+such a request may claim it (or an idle instance) and run in its decode thread (:meth:`claim_alone`).
 
 Times are seconds on an injectable :class:`~service.batching.clock.Clock`, so tests drive the loop without
 waiting. The queue's bookkeeping is :mod:`service.batching.queue`; the knobs :mod:`service.batching.config`.
@@ -46,13 +46,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, pad_inputs, split_outputs, stack_inputs
+from service.batching.alone import LoneRun, run_failed
+from service.batching.arrays import BatchBuffers, detach, pad_inputs, split_outputs, stack_inputs
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
-from service.batching.queue import Request, RequestQueue
+from service.batching.queue import Request, RequestQueue, admit
 from service.batching.runners import RunnerPool
 from service.core import metrics, tracing
-from service.core.errors import BadRequest, DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
+from service.core.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +119,7 @@ class Batcher:
 
     @property
     def wide_batches(self) -> int:
-        """Batches the wide runner has run (0 without one)."""
+        """Batches the wide runner has run or was claimed for (0 without one)."""
         return self._pool.wide_batches
 
     @property
@@ -135,32 +136,38 @@ class Batcher:
         """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless the queue has room for all now.
 
         Raises:
-            BadRequest: ``count`` exceeds the whole ``queue_size``: it could never be admitted,
-                so a 400, not a 503 to retry (a /v2 client would retry it forever).
-            Unavailable: the queue has no room for all of them now (503, Retry-After).
+            BadRequest, Unavailable: as :func:`~service.batching.queue.admit`.
         """
-        if count > self.config.queue_size:
-            raise BadRequest(
-                f"model {self.name} admits at most {self.config.queue_size} {unit.removesuffix('(s)')}s in one "
-                f"request (its queue_size); this one has {count}. Send them in several requests"
-            )
-        if self.room < count:
-            raise Unavailable(
-                f"model {self.name}: the queue is full for this request (room for {max(self.room, 0)} {unit}, "
-                f"it has {count}); retry shortly"
-            )
+        admit(self.name, self.config.queue_size, self._queue.queued, count, unit)
 
     def arriving(self, count: int) -> contextlib.AbstractContextManager[None]:
         """``with batcher.arriving(n):`` n inputs on their way, not queued yet (:meth:`RunnerPool.arriving`)."""
         return self._pool.arriving(count)
 
-    def deadline(self, timeout: float | None = None) -> float:
-        """The deadline, on this batcher's clock, of a request arriving now.
+    def claim_alone(self) -> LoneRun | None:
+        """The runner claimed for an input arriving alone (:mod:`service.batching.alone`), released by the
+        caller on the loop; None if the loop is not running, tracing is on, or any input is queued or on its way."""
+        busy = not self.running or self._queue.queued or self._fatal is not None or tracing.enabled()
+        runner = None if busy else self._pool.claim_alone()
+        if runner is None:
+            return None
+        done = functools.partial(self._lone_done, runner)
+        return LoneRun(self.name, self._runners[runner], self._buffers[runner], done, asyncio.get_running_loop())
 
-        Args:
-            timeout: seconds the request asked for; it may only shorten ``request_timeout``
-                (None: ``request_timeout``).
-        """
+    def _lone_done(self, runner: int, compute: float | None, fatal: BaseException | None) -> None:
+        """A claim ended: its runner is idle; its run took ``compute`` s (None: none); ``fatal`` kills the loop."""
+        self._pool.give_back(runner)
+        self._fatal = self._fatal or fatal
+        self._wake.set()
+        if compute is not None:
+            self._released[IDLE].inc()
+            self._batch_size.observe(1)
+            self._compute_duration.observe(compute)
+            self._queue_duration.observe(0.0)
+
+    def deadline(self, timeout: float | None = None) -> float:
+        """The deadline, on this batcher's clock, of a request arriving now; ``timeout``, the seconds the
+        request asked for, may only shorten ``request_timeout`` (None: ``request_timeout``)."""
         limit = self.config.request_timeout if timeout is None else min(timeout, self.config.request_timeout)
         return self.clock.now() + limit
 
@@ -301,7 +308,7 @@ class Batcher:
                 raise self._fatal
             self._queue.purge()  # forget requests taken, expired or cancelled
             batch = self._queue.head_batch(self.config.max_batch_size)
-            reason = self._release_reason(batch) if batch else None
+            reason = self._release_reason(batch) if batch and self._pool.available() else None  # (a claim_alone)
             if reason is not None:
                 for request in batch:
                     self._queue.leave(request)
@@ -334,7 +341,7 @@ class Batcher:
             if request.future.done():  # the client went away (or it was answered already)
                 continue
             if now >= request.deadline:
-                request.future.set_exception(self._deadline_exceeded(request, now))
+                request.future.set_exception(request.deadline_exceeded(self.name, now))
                 continue
             kept.append(request)
         if len(kept) < len(batch):
@@ -360,14 +367,10 @@ class Batcher:
                 request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
 
     def _fail(self, batch: list[Request], exc: Exception) -> None:
-        if isinstance(exc, BatchOutputMismatch):
-            detail = f"model {self.name} returned outputs that do not match its batch of {len(batch)}: {exc}"
-        else:
-            detail = f"model {self.name}: the run failed for this batch of {len(batch)}: {type(exc).__name__}: {exc}"
-        log.error("%s", detail, exc_info=exc)
+        error = run_failed(self.name, len(batch), exc)
         for request in batch:
             if not request.future.done():
-                request.future.set_exception(InferenceFailed(detail))
+                request.future.set_exception(InferenceFailed(error.detail))
 
     # Deadlines, and the end of the loop.
 
@@ -376,14 +379,8 @@ class Batcher:
         if not request.waiting:
             return
         self._queue.leave(request)
-        request.future.set_exception(self._deadline_exceeded(request, self.clock.now()))
+        request.future.set_exception(request.deadline_exceeded(self.name, self.clock.now()))
         self._wake.set()
-
-    def _deadline_exceeded(self, request: Request, now: float) -> DeadlineExceeded:
-        waited = now - request.enqueued
-        return DeadlineExceeded(
-            f"model {self.name}: the request's deadline passed after {waited:.3f} s in the queue, before a batch ran it"
-        )
 
     def _answer_everyone_left(self, in_flight_error: ProblemError) -> None:
         """The loop is ending: answer the batches it was running and every queued request."""

@@ -16,6 +16,7 @@ import numpy as np
 from service.batching.clock import Timer
 from service.batching.config import InferenceResult
 from service.core import tracing
+from service.core.errors import BadRequest, DeadlineExceeded, Unavailable
 
 
 @dataclass(eq=False)
@@ -46,6 +47,13 @@ class Request:
     @property
     def waiting(self) -> bool:
         return self.queued and not self.future.done()
+
+    def deadline_exceeded(self, name: str, now: float) -> DeadlineExceeded:
+        """The 504 of this request of model version ``name``, still queued at ``now``."""
+        return DeadlineExceeded(
+            f"model {name}: the request's deadline passed after {now - self.enqueued:.3f} s in the queue, "
+            "before a batch ran it"
+        )
 
 
 class RequestQueue:
@@ -100,3 +108,29 @@ class RequestQueue:
             self.leave(request)
         self._requests.clear()
         return requests
+
+
+def admit(name: str, queue_size: int, queued: int, count: int, unit: str = "image(s)") -> None:
+    """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless a queue has room for all now.
+
+    Args:
+        name: the model version, ``name/version``.
+        queue_size: the queue's places; ``queued``: those held now.
+        unit: what an input is, in the messages.
+
+    Raises:
+        BadRequest: ``count`` exceeds the whole ``queue_size``: it could never be admitted,
+            so a 400, not a 503 to retry (a /v2 client would retry it forever).
+        Unavailable: the queue has no room for all of them now (503, Retry-After).
+    """
+    if count > queue_size:
+        raise BadRequest(
+            f"model {name} admits at most {queue_size} {unit.removesuffix('(s)')}s in one "
+            f"request (its queue_size); this one has {count}. Send them in several requests"
+        )
+    room = queue_size - queued
+    if room < count:
+        raise Unavailable(
+            f"model {name}: the queue is full for this request (room for {max(room, 0)} {unit}, "
+            f"it has {count}); retry shortly"
+        )

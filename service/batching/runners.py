@@ -69,6 +69,16 @@ class RunnerPool:
             return self.wide
         return self._idle.pop()
 
+    def claim_alone(self) -> int | None:
+        """The runner a lone input arriving now would take, taken for it (:mod:`service.batching.alone`).
+
+        None unless a batch may start (:meth:`available`) and nothing is on its way
+        (:meth:`arriving`); the caller checks that nothing is queued. Given back with :meth:`give_back`.
+        """
+        if not self.available() or self._arriving:
+            return None
+        return self.take(1, 0)
+
     def give_back(self, runner: int) -> None:
         """``runner``'s batch is done: it is idle again."""
         if runner == self.wide:

@@ -249,6 +249,11 @@ def install(tracer: Tracer | None) -> None:
     _active = tracer
 
 
+def enabled() -> bool:
+    """Whether a tracer is installed (tracing on)."""
+    return _active is not None
+
+
 def decoding() -> contextlib.AbstractContextManager[Any]:
     """Around one image's decode + preprocess: a ``decode`` span, or nothing when tracing is off."""
     return _active.span("decode") if _active is not None else _NO_SPAN

@@ -20,11 +20,13 @@ from typing import Any
 
 import numpy as np
 
+from service.batching.alone import LoneRun
 from service.batching.config import InferenceResult
 from service.core import metrics, tracing
 from service.core.errors import (
     DeadlineExceeded,
     ImageProcessingFailed,
+    InferenceFailed,
     PayloadTooLarge,
     ProblemError,
 )
@@ -207,22 +209,35 @@ def _open_and_decode(
     budget: PixelBudget | None,
     held: list[int],
     keep_image: bool,
-) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None]:
-    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode.
+    lone: LoneRun | None,
+) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None, InferenceResult | InferenceFailed | None]:
+    """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode (and run).
 
     The decode follows at once when the image fits the request's pixel limit and its pixels fit
     the ``budget`` now (:meth:`PixelBudget.try_acquire`; they are then in ``held[0]``, for the
     loop to give back); else the second part is None and the loop takes the opened file on
-    (the 413, or a wait for room) as a request of several images does.
+    (the 413, or a wait for room) as a request of several images does. With a ``lone`` runner
+    claimed (:mod:`service.batching.alone`) and an image cheap enough to keep it, the model runs
+    here too, and the third part is its result (or its run's 500); else None.
     """
     opened = _probe(model, data, max_pixels, limits.prescan)
+    if lone is not None and not lone.affordable(opened.pixels):
+        lone.give_up()  # its decode may be long: no batch waits for it
+        lone = None
     if opened.pixels > limits.max_request_pixels:
-        return opened, None
+        return opened, None, None
     if budget is not None:
         if not budget.try_acquire(opened.pixels):
-            return opened, None
+            return opened, None, None
         held[0] = opened.pixels
-    return opened, _decode_and_preprocess(model, opened, max_pixels, keep_image)
+    decoded, x = _decode_and_preprocess(model, opened, max_pixels, keep_image)
+    if lone is None:
+        return opened, (decoded, x), None
+    try:
+        bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+    except ValueError:  # fits no bucket: the batching path's 413
+        return opened, (decoded, x), None
+    return opened, (decoded, x), lone(x, bucket)
 
 
 async def decode_alone(
@@ -235,20 +250,32 @@ async def decode_alone(
     budget: PixelBudget | None,
     deadline: float,
     keep_image: bool,
+    lone: LoneRun | None = None,
 ) -> tuple[ImageOutcome, np.ndarray | None]:
     """A request's only image, read and decoded in one trip to the pool (:func:`_open_and_decode`).
 
     The same checks in the same order as :func:`probe_one` then :func:`decode_one`, which it
     falls back to when the image must wait for decoding room or is refused for its size; one
-    hand-off to the pool and back instead of two (issue 14, item 4).
+    hand-off to the pool and back instead of two (issue 14, item 4). With ``lone``, a runner
+    claimed for it (:meth:`Batcher.claim_alone`), the model runs in the same trip when the image
+    is cheap to decode: the outcome then holds its result (or the run's 500), and the claim is
+    released when the thread ends, whatever happened.
     """
     started = time.perf_counter()
     held = [0]
     try:
         with tracing.decoding():
-            future = asyncio.get_running_loop().run_in_executor(
-                pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image
-            )
+            try:
+                future = asyncio.get_running_loop().run_in_executor(
+                    pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image, lone
+                )
+            except BaseException:
+                if lone is not None:
+                    lone.release()
+                raise
+            if lone is not None:
+                claim = lone  # narrowed for the callback
+                future.add_done_callback(lambda _: claim.release())  # when the thread ends, even after a 504
             if budget is not None:
                 pixels_budget = budget  # narrowed for the callback
 
@@ -257,7 +284,7 @@ async def decode_alone(
                         pixels_budget.release(held[0])
 
                 future.add_done_callback(give_back)
-            opened, done = await _until(deadline, model.batcher.clock.now, future, "decoded")
+            opened, done, ran = await _until(deadline, model.batcher.clock.now, future, "decoded")
     except ProblemError as exc:
         return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
     except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
@@ -272,8 +299,12 @@ async def decode_alone(
         )  # fmt: skip
     decoded, x = done
     decode_seconds = time.perf_counter() - started
+    if isinstance(ran, InferenceResult):
+        decode_seconds -= ran.compute_seconds
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
-    return ImageOutcome(work.index, decoded, None, None, decode_seconds), x
+    if isinstance(ran, InferenceFailed):
+        return ImageOutcome(work.index, None, None, ran, decode_seconds), None
+    return ImageOutcome(work.index, decoded, ran, None, decode_seconds), x
 
 
 def within_request_budget(works: list[Work], max_request_pixels: int) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from service.batching import alone
 from service.core import metrics
 from service.core.errors import PayloadTooLarge, ProblemError
 from service.imaging.pixel_budget import PixelBudget
@@ -117,12 +118,14 @@ async def infer_images(
     slots = asyncio.Semaphore(decode_parallelism)
     works = [Work(i, data) for i, data in enumerate(payloads)]
     decode_deadline = deadline if deadline is not None else model.batcher.deadline()
+    # The only image of a request that finds the batcher idle claims its runner: decoded and run in one trip.
+    lone = model.batcher.claim_alone() if len(works) == 1 and len(payloads[0]) <= alone.MAX_BYTES else None
     with model.batcher.arriving(len(payloads)):  # on their way: no lone input ahead of them takes the wide runner
         if len(works) == 1:  # the common case: one trip to the pool
             decoded = [
                 await decode_alone(
                     model, works[0], pool, max_pixels, limits, budget=budget, deadline=decode_deadline,
-                    keep_image=keep_images,
+                    keep_image=keep_images, lone=lone,
                 )
             ]  # fmt: skip
         else:
@@ -137,9 +140,13 @@ async def infer_images(
                     for work in works
                 )
             )  # fmt: skip
-    model.batcher.admit(sum(x is not None for _, x in decoded))
+    model.batcher.admit(sum(x is not None and outcome.result is None for outcome, x in decoded))
     if len(decoded) == 1:
-        return [await _submit(model, *decoded[0], deadline)]
+        outcome, x = decoded[0]
+        if outcome.result is not None and x is not None:  # run already, as a lone request
+            bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
+            return [dataclasses.replace(outcome, padding=observe_padding(model, x.shape[1], x.shape[2], bucket))]
+        return [await _submit(model, outcome, x, deadline)]
     return list(await asyncio.gather(*(_submit(model, outcome, x, deadline) for outcome, x in decoded)))
 
 
