@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from service.batching.alone import LoneRun, run_failed
+from service.batching.alone import Claims, LoneRun, run_failed
 from service.batching.arrays import BatchBuffers, detach, pad_inputs, split_outputs, stack_inputs
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
@@ -92,10 +92,7 @@ class Batcher:
         self.clock: Clock = clock or MonotonicClock()
         self.name = f"{model}/{version}"
         self._model_version = (model, version)
-        self._queue_duration = metrics.QUEUE_DURATION.labels(model, version)
-        self._compute_duration = metrics.COMPUTE_DURATION.labels(model, version)
-        self._batch_size = metrics.BATCH_SIZE.labels(model, version)
-        self._released = {reason: metrics.BATCHES.labels(model, version, reason) for reason in metrics.RELEASE_REASONS}
+        self._series = metrics.BatchSeries(model, version)
         self._queue = RequestQueue(metrics.QUEUE_DEPTH.labels(model, version))
         self._in_flight: dict[asyncio.Task[None], list[Request]] = {}  # running batches
         self._fatal: BaseException | None = None  # what killed a batch and so the loop
@@ -106,6 +103,9 @@ class Batcher:
         ]
         self._buffers = [BatchBuffers(config.max_batch_size) for _ in self._runners]
         self._task: asyncio.Task[None] | None = None
+        self._claims = Claims(
+            self.name, self._pool, self._runners, self._buffers, self._series, self.clock.now, self._claim_ended
+        )
 
     @property
     def running(self) -> bool:
@@ -119,18 +119,13 @@ class Batcher:
 
     @property
     def wide_batches(self) -> int:
-        """Batches the wide runner has run or was claimed for (0 without one)."""
+        """Batches the wide runner has run, lone requests' included (0 without one)."""
         return self._pool.wide_batches
 
     @property
     def queued(self) -> int:
         """Requests waiting for a batch (each holds one of ``queue_size`` places)."""
         return self._queue.queued
-
-    @property
-    def room(self) -> int:
-        """Places left in the queue: ``queue_size - queued``."""
-        return self.config.queue_size - self._queue.queued
 
     def admit(self, count: int, unit: str = "image(s)") -> None:
         """Refuse a request of ``count`` inputs (/v1 images, /v2 rows) unless the queue has room for all now.
@@ -148,22 +143,17 @@ class Batcher:
         """The runner claimed for an input arriving alone (:mod:`service.batching.alone`), released by the
         caller on the loop; None if the loop is not running, tracing is on, or any input is queued or on its way."""
         busy = not self.running or self._queue.queued or self._fatal is not None or tracing.enabled()
-        runner = None if busy else self._pool.claim_alone()
-        if runner is None:
-            return None
-        done = functools.partial(self._lone_done, runner)
-        return LoneRun(self.name, self._runners[runner], self._buffers[runner], done, asyncio.get_running_loop())
+        return None if busy else self._claims.take()
 
-    def _lone_done(self, runner: int, compute: float | None, fatal: BaseException | None) -> None:
-        """A claim ended: its runner is idle; its run took ``compute`` s (None: none); ``fatal`` kills the loop."""
-        self._pool.give_back(runner)
-        self._fatal = self._fatal or fatal
+    def _claim_ended(self, fatal: BaseException | None) -> None:
+        self._fatal = self._fatal or fatal  # what a lone run raised that is not an Exception kills the loop
         self._wake.set()
-        if compute is not None:
-            self._released[IDLE].inc()
-            self._batch_size.observe(1)
-            self._compute_duration.observe(compute)
-            self._queue_duration.observe(0.0)
+
+    def _runner_free(self) -> bool:
+        """A batch may start now; with inputs queued and no runner free, a claim still decoding is taken back."""
+        if not self._pool.available() and self._queue.queued:
+            self._claims.revoke()
+        return self._pool.available()
 
     def deadline(self, timeout: float | None = None) -> float:
         """The deadline, on this batcher's clock, of a request arriving now; ``timeout``, the seconds the
@@ -183,6 +173,8 @@ class Batcher:
             await asyncio.wait({self._task})
             if not self._task.cancelled() and self._task.exception() is not None:
                 log.warning("model %s: the batching loop had died: %r", self.name, self._task.exception())
+        self._claims.revoke()  # a lone request still decoding is queued (and answered 503) instead
+        await self._claims.wait()  # one whose decode thread runs a runner's model ends first
         for executor in self._executors:  # a run in progress ends on its own
             await asyncio.to_thread(executor.shutdown, wait=True)
 
@@ -295,7 +287,7 @@ class Batcher:
         self._wake.set()
 
     async def _until_a_runner_is_idle(self) -> None:
-        while not self._pool.available() or self._fatal is not None:
+        while not self._runner_free() or self._fatal is not None:
             if self._fatal is not None:
                 raise self._fatal
             self._wake.clear()
@@ -308,13 +300,14 @@ class Batcher:
                 raise self._fatal
             self._queue.purge()  # forget requests taken, expired or cancelled
             batch = self._queue.head_batch(self.config.max_batch_size)
-            reason = self._release_reason(batch) if batch and self._pool.available() else None  # (a claim_alone)
+            available = self._runner_free()  # (not while a lone request runs on the runner it needs)
+            reason = self._release_reason(batch) if batch and available else None
             if reason is not None:
                 for request in batch:
                     self._queue.leave(request)
                 return batch, reason
             timer = None
-            if batch:  # wake up when its oldest request has waited max_queue_delay
+            if batch and available:  # wake up when its oldest request has waited max_queue_delay
                 timer = self.clock.call_at(batch[0].enqueued + self.config.max_queue_delay, self._wake.set)
             self._wake.clear()
             try:
@@ -349,8 +342,7 @@ class Batcher:
         return kept
 
     def _record_release(self, batch: list[Request], reason: str) -> None:
-        self._released[reason].inc()
-        self._batch_size.observe(len(batch))
+        self._series.release(len(batch), reason)
         if log.isEnabledFor(logging.DEBUG):
             waited = self.clock.now() - batch[0].enqueued
             log.debug(
@@ -359,10 +351,10 @@ class Batcher:
             )  # fmt: skip
 
     def _answer(self, batch: list[Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
-        self._compute_duration.observe(compute)
+        self._series.compute.observe(compute)
         for request, row in zip(batch, rows, strict=True):
             queued_for = started - request.enqueued
-            self._queue_duration.observe(queued_for)
+            self._series.queue.observe(queued_for)
             if not request.future.done():
                 request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
 

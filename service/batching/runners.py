@@ -35,7 +35,7 @@ class RunnerPool:
         self._idle = list(reversed(range(instances)))  # instance 0 is used first
         self._wide_running = False
         self._arriving = 0  # inputs on their way to the queue (arriving())
-        self.wide_batches = 0  # batches the wide runner took (tests and logs)
+        self.wide_batches = 0  # batches the wide runner took or ran for a claim (tests and logs)
 
     @contextlib.contextmanager
     def arriving(self, count: int) -> Iterator[None]:
@@ -73,14 +73,20 @@ class RunnerPool:
         """The runner a lone input arriving now would take, taken for it (:mod:`service.batching.alone`).
 
         None unless a batch may start (:meth:`available`) and nothing is on its way
-        (:meth:`arriving`); the caller checks that nothing is queued. Given back with :meth:`give_back`.
+        (:meth:`arriving`); the caller checks that nothing is queued. Given back with
+        ``give_back(runner, claim=True)``.
         """
         if not self.available() or self._arriving:
             return None
-        return self.take(1, 0)
+        if self.wide is not None and len(self._idle) == self.instances:
+            self._wide_running = True
+            return self.wide
+        return self._idle.pop()
 
-    def give_back(self, runner: int) -> None:
-        """``runner``'s batch is done: it is idle again."""
+    def give_back(self, runner: int, *, claim: bool = False, ran: bool = True) -> None:
+        """``runner``'s batch is done, or its ``claim`` ended (``ran``: the model ran for it): it is idle again."""
+        if claim and ran and runner == self.wide:
+            self.wide_batches += 1
         if runner == self.wide:
             self._wide_running = False
         else:

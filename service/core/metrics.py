@@ -67,6 +67,23 @@ BATCHES = Counter(
     ["model", "version", "reason"],
 )
 BATCH_SIZE = Histogram("patchserve_batch_size", "Images per model run.", ["model", "version"], buckets=_BATCH_BUCKETS)
+
+
+class BatchSeries:
+    """One model version's batch series: batches released (by reason), their sizes, queue and compute seconds."""
+
+    def __init__(self, model: str, version: str) -> None:
+        self.queue = QUEUE_DURATION.labels(model, version)
+        self.compute = COMPUTE_DURATION.labels(model, version)
+        self.size = BATCH_SIZE.labels(model, version)
+        self.released = {reason: BATCHES.labels(model, version, reason) for reason in RELEASE_REASONS}
+
+    def release(self, size: int, reason: str) -> None:
+        """A batch of ``size`` inputs left the queue (or was run alone) for ``reason``."""
+        self.released[reason].inc()
+        self.size.observe(size)
+
+
 PADDING_FRACTION = Histogram(
     "patchserve_padding_fraction",
     "Padded pixels over all pixels of the bucket an image was padded to (models with padding buckets only).",

@@ -37,6 +37,7 @@ from service.http.state import ServerState
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.prescan_limits import PrescanLimits
 from service.pipeline.inference import DecodeLimits
+from service.pipeline.pool import DecodePool
 from service.runtime.control_signal import FILE_NAME, ControlSignal, follow
 from service.runtime.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.runtime.loading import Loader
@@ -203,7 +204,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     decode_threads = threads.decode_threads
     state = ServerState(
         settings,
-        ThreadPoolExecutor(decode_threads, thread_name_prefix="decode"),
+        DecodePool(decode_threads, thread_name_prefix="decode"),
         ThreadPoolExecutor(1, thread_name_prefix="render"),  # one picture at a time, beside the decoders
         decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
         threads=threads,

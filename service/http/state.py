@@ -9,6 +9,7 @@ from service.core.lifecycle import shutdown_requested
 from service.core.settings import Settings
 from service.imaging.pixel_budget import PixelBudget
 from service.pipeline.inference import DecodeLimits
+from service.pipeline.pool import DecodePool
 from service.runtime.cpus import ThreadPlan
 from service.runtime.model_control import ModelControl
 from service.runtime.repository import ModelRepository
@@ -36,7 +37,7 @@ class ServerState:
     """
 
     settings: Settings
-    decode_pool: ThreadPoolExecutor
+    decode_pool: DecodePool
     render_pool: ThreadPoolExecutor
     repository: ModelRepository | None = None
     decode_parallelism: int = 1

@@ -210,6 +210,7 @@ def _open_and_decode(
     held: list[int],
     keep_image: bool,
     lone: LoneRun | None,
+    deadline: float,
 ) -> tuple[OpenedImage, tuple[DecodedImage, np.ndarray] | None, InferenceResult | InferenceFailed | None]:
     """Blocking, in the decode pool: read the header and, when nothing stands in the way, decode (and run).
 
@@ -218,7 +219,8 @@ def _open_and_decode(
     loop to give back); else the second part is None and the loop takes the opened file on
     (the 413, or a wait for room) as a request of several images does. With a ``lone`` runner
     claimed (:mod:`service.batching.alone`) and an image cheap enough to keep it, the model runs
-    here too, and the third part is its result (or its run's 500); else None.
+    here too, and the third part is its result (or its run's 500); else None (also when the
+    request was abandoned or its ``deadline`` passed meanwhile: :meth:`LoneRun.__call__`).
     """
     opened = _probe(model, data, max_pixels, limits.prescan)
     if lone is not None and not lone.affordable(opened.pixels):
@@ -237,7 +239,7 @@ def _open_and_decode(
         bucket = model.preprocessor.spec.bucket_for(x.shape[1], x.shape[2])
     except ValueError:  # fits no bucket: the batching path's 413
         return opened, (decoded, x), None
-    return opened, (decoded, x), lone(x, bucket)
+    return opened, (decoded, x), lone(x, bucket, deadline)
 
 
 async def decode_alone(
@@ -267,7 +269,17 @@ async def decode_alone(
         with tracing.decoding():
             try:
                 future = asyncio.get_running_loop().run_in_executor(
-                    pool, _open_and_decode, model, work.data, max_pixels, limits, budget, held, keep_image, lone
+                    pool,
+                    _open_and_decode,
+                    model,
+                    work.data,
+                    max_pixels,
+                    limits,
+                    budget,
+                    held,
+                    keep_image,
+                    lone,
+                    deadline,
                 )
             except BaseException:
                 if lone is not None:
@@ -284,7 +296,12 @@ async def decode_alone(
                         pixels_budget.release(held[0])
 
                 future.add_done_callback(give_back)
-            opened, done, ran = await _until(deadline, model.batcher.clock.now, future, "decoded")
+            try:
+                opened, done, ran = await _until(deadline, model.batcher.clock.now, future, "decoded")
+            except BaseException:  # a 504, or the client left: the thread must not run the model for nobody
+                if lone is not None:
+                    lone.abandon()
+                raise
     except ProblemError as exc:
         return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
     except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)

@@ -1,0 +1,135 @@
+"""A lone request through the HTTP API (service/batching/alone.py), on the committed vit-digits graph:
+decoded and run in one decode-pool thread when the batcher is idle and the image is cheap, else
+batched as before; the same answer either way."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import threading
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from service.batching import alone
+from service.pipeline import decoding
+from service.pipeline.pool import DecodePool
+from service.runtime.sessions import OrtRunner
+from tests.conftest import running_app
+from tests.service.helpers import sample
+from tests.service.pipeline.recorded_runner import CLASSIFY, HANG_GUARD, batcher_of, one_of_each, until
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def run_threads(monkeypatch) -> list[str]:
+    """The name of the thread each ONNX Runtime run is called from."""
+    threads: list[str] = []
+    original = OrtRunner.run
+
+    def run(runner: OrtRunner, batch: np.ndarray, mask: np.ndarray | None = None) -> dict[str, np.ndarray]:
+        threads.append(threading.current_thread().name)
+        return original(runner, batch, mask)
+
+    monkeypatch.setattr(OrtRunner, "run", run)
+    return threads
+
+
+def png(image: Image.Image) -> bytes:
+    out = io.BytesIO()
+    image.save(out, "PNG")
+    return out.getvalue()
+
+
+async def test_a_lone_image_is_run_by_its_decode_thread_and_a_costly_one_by_the_runner(
+    digits_test_split, run_threads
+) -> None:
+    (digit,) = one_of_each(digits_test_split, range(7, 8))
+    big = Image.open(io.BytesIO(digit)).convert("RGB").resize((2100, 2100))  # 4.4 MP: past alone.MAX_PIXELS
+    large = png(big)
+    noisy = png(Image.fromarray(np.random.default_rng(0).integers(0, 256, (640, 640, 3), np.uint8)))
+    assert alone.MAX_PIXELS < 2100 * 2100 and len(large) <= alone.MAX_BYTES < len(noisy)
+    labels = {"model": "vit-digits", "version": "1"}
+    async with running_app(wide_session=True) as client:
+        before = (await client.get("/metrics")).text
+        run_threads.clear()  # (the warm-up's runs)
+        answers = []
+        for body in (digit, large, noisy):
+            response = await client.post(CLASSIFY, content=body, headers={"content-type": "image/png"})
+            assert response.status_code == 200, response.text
+            answers.append(response.json())
+        metrics = (await client.get("/metrics")).text
+    assert run_threads[0].startswith("decode"), run_threads  # one trip: decoded and run in the pool
+    assert run_threads[1].startswith("run-") and run_threads[2].startswith("run-"), run_threads  # batched
+    assert answers[0]["predictions"][0]["label"] == answers[1]["predictions"][0]["label"] == "7"
+    for name, extra in (
+        ("patchserve_batches_total", {"reason": "idle"}),
+        ("patchserve_compute_duration_seconds_count", {}),
+    ):
+        grew = sample(metrics, name, **labels, **extra) - sample(before, name, **labels, **extra)
+        assert grew == 3, name  # each a batch of one, whichever way it ran
+
+
+async def test_a_lone_request_answered_504_while_it_decoded_is_never_run(
+    digits_test_split, run_threads, monkeypatch
+) -> None:
+    (digit,) = one_of_each(digits_test_split, range(1))
+    held, ended = threading.Event(), threading.Event()
+    original = decoding._decode_and_preprocess
+
+    def held_decode(*args, **kwargs):
+        held.wait(HANG_GUARD)  # a slow decode: it outlives the request's deadline
+        try:
+            return original(*args, **kwargs)
+        finally:
+            ended.set()
+
+    async with running_app() as client:
+        run_threads.clear()
+        monkeypatch.setattr(decoding, "_decode_and_preprocess", held_decode)
+        response = await client.post(CLASSIFY + "?timeout=0.1", content=digit, headers={"content-type": "image/png"})
+        held.set()
+        await until(ended.is_set)
+        monkeypatch.undo()
+        after = await client.post(CLASSIFY, content=digit, headers={"content-type": "image/png"})
+    assert response.status_code == 504 and after.status_code == 200
+    assert len(run_threads) == 1 and run_threads[0].startswith("decode")  # only the second request ran
+
+
+def test_the_decode_pool_tells_whether_a_job_would_start_at_once() -> None:
+    gate = threading.Event()
+    with DecodePool(1, thread_name_prefix="decode") as pool:
+        assert pool.idle
+        busy = pool.submit(gate.wait, HANG_GUARD)
+        assert not pool.idle  # a lone request now finds no free thread: it does not claim its runner
+        gate.set()
+        assert busy.result(HANG_GUARD)
+        for _ in range(int(HANG_GUARD / 0.001)):  # the count drops as the thread ends the job
+            if pool.idle:
+                break
+            threading.Event().wait(0.001)
+        assert pool.idle
+
+
+async def test_a_lone_request_does_not_claim_its_runner_while_the_decode_pool_is_busy(digits_test_split) -> None:
+    (digit,) = one_of_each(digits_test_split, range(1))
+    gate = threading.Event()
+    async with running_app(decode_threads=1) as client:
+        batcher = batcher_of(client)
+        pool = client.app.state.server.decode_pool
+        busy = pool.submit(gate.wait, HANG_GUARD)  # another model's large image
+        claims: list[object] = []
+        claim_alone = batcher.claim_alone
+
+        def recorded():
+            claims.append(claim := claim_alone())
+            return claim
+
+        batcher.claim_alone = recorded
+        waiting = asyncio.ensure_future(client.post(CLASSIFY, content=digit, headers={"content-type": "image/png"}))
+        await until(lambda: pool.pending == 2)  # its decode waits behind the busy one
+        gate.set()
+        assert (await waiting).status_code == 200 and busy.result(HANG_GUARD)
+    assert claims == []  # it never asked for one: the pool had no free thread
