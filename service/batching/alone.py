@@ -86,6 +86,7 @@ class LoneRun:
         self._released = False
         self._ran = False
         self._compute: float | None = None
+        self.seconds = 0.0  # how long __call__ ran the model, failed or not (read once the thread has ended)
         self._fatal: BaseException | None = None
 
     @staticmethod
@@ -154,7 +155,9 @@ class LoneRun:
         except BaseException as exc:  # as from a batch: the batching loop dies of it (release())
             self._fatal = exc
             return InferenceFailed(f"model {self.name}: the batching loop died while this batch ran: {exc!r}")
-        self._compute = time.perf_counter() - started
+        finally:
+            self.seconds = time.perf_counter() - started
+        self._compute = self.seconds
         return InferenceResult(row, 0.0, self._compute, 1)
 
     def release(self) -> None:

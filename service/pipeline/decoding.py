@@ -315,9 +315,7 @@ async def decode_alone(
             keep_image=keep_image,
         )  # fmt: skip
     decoded, x = done
-    decode_seconds = time.perf_counter() - started
-    if isinstance(ran, InferenceResult):
-        decode_seconds -= ran.compute_seconds
+    decode_seconds = time.perf_counter() - started - (lone.seconds if lone is not None else 0.0)  # not its run
     metrics.DECODE_DURATION.labels(model.name, str(model.version)).observe(decode_seconds)
     if isinstance(ran, InferenceFailed):
         return ImageOutcome(work.index, None, None, ran, decode_seconds), None

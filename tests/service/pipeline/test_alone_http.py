@@ -133,3 +133,37 @@ async def test_a_lone_request_does_not_claim_its_runner_while_the_decode_pool_is
         gate.set()
         assert (await waiting).status_code == 200 and busy.result(HANG_GUARD)
     assert claims == []  # it never asked for one: the pool had no free thread
+
+
+async def test_a_lone_run_is_never_counted_as_decoding_time_even_when_it_fails(monkeypatch) -> None:
+    import types
+
+    from service.batching.batcher import Batcher
+    from service.batching.config import BatchingConfig
+
+    now = [0.0]  # one fake perf_counter for the decode thread and the loop: only the model moves it
+
+    def failing_model(x: np.ndarray) -> dict[str, np.ndarray]:
+        now[0] += 0.3
+        raise RuntimeError("CUDA error: out of memory")
+
+    def decoded_at_once(model, data, max_pixels, limits, budget, held, keep_image, lone, deadline):
+        x = np.zeros((3, 2, 2), np.float32)
+        return types.SimpleNamespace(pixels=4), ("picture", x), lone(x, None, deadline)
+
+    monkeypatch.setattr(decoding, "_open_and_decode", decoded_at_once)
+    monkeypatch.setattr(decoding.time, "perf_counter", lambda: now[0])
+    config = BatchingConfig(max_batch_size=2, max_queue_delay=0.01, queue_size=8, request_timeout=5.0)
+    batcher = Batcher(failing_model, config, model="lone-timing", version="1")
+    await batcher.start()
+    try:
+        model = types.SimpleNamespace(batcher=batcher, name="lone-timing", version=1)
+        with DecodePool(1) as pool:
+            outcome, x = await decoding.decode_alone(
+                model, decoding.Work(0, b"file"), pool, 10**9, decoding.DecodeLimits(),
+                budget=None, deadline=batcher.deadline(), keep_image=False, lone=batcher.claim_alone(),
+            )  # fmt: skip
+    finally:
+        await batcher.stop()
+    assert x is None and outcome.error is not None and outcome.error.status == 500
+    assert outcome.decode_seconds == 0.0  # the 0.3 s the failed run took are not decoding's
