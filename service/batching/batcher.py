@@ -136,12 +136,17 @@ class Batcher:
         admit(self.name, self.config.queue_size, self._queue.queued, count, unit)
 
     def arriving(self, count: int) -> contextlib.AbstractContextManager[None]:
-        """``with batcher.arriving(n):`` n inputs on their way, not queued yet (:meth:`RunnerPool.arriving`)."""
+        """``with batcher.arriving(n):`` n inputs on their way, not queued yet (:meth:`RunnerPool.arriving`).
+
+        A lone request's claim still decoding is taken back: with another request on its way it is not alone.
+        """
+        self._claims.revoke()
         return self._pool.arriving(count)
 
     def claim_alone(self) -> LoneRun | None:
-        """The runner claimed for an input arriving alone (:mod:`service.batching.alone`), released by the
-        caller on the loop; None if the loop is not running, tracing is on, or any input is queued or on its way."""
+        """The runner claimed for the caller's one input, on its way (:meth:`arriving`) with no other
+        (:mod:`service.batching.alone`); released by the caller on the loop. None if the loop is not
+        running, tracing is on, or any other input is queued or on its way."""
         busy = not self.running or self._queue.queued or self._fatal is not None or tracing.enabled()
         return None if busy else self._claims.take()
 

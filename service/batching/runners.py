@@ -72,11 +72,11 @@ class RunnerPool:
     def claim_alone(self) -> int | None:
         """The runner a lone input arriving now would take, taken for it (:mod:`service.batching.alone`).
 
-        None unless a batch may start (:meth:`available`) and nothing is on its way
+        None unless a batch may start (:meth:`available`) and nothing but that input is on its way
         (:meth:`arriving`); the caller checks that nothing is queued. Given back with
         ``give_back(runner, claim=True)``.
         """
-        if not self.available() or self._arriving:
+        if not self.available() or self._arriving > 1:
             return None
         if self.wide is not None and len(self._idle) == self.instances:
             self._wide_running = True

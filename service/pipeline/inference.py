@@ -119,11 +119,11 @@ async def infer_images(
     slots = asyncio.Semaphore(decode_parallelism)
     works = [Work(i, data) for i, data in enumerate(payloads)]
     decode_deadline = deadline if deadline is not None else model.batcher.deadline()
-    # The only image of a request that finds the batcher and a decode thread idle claims its runner:
-    # decoded and run in one trip (service/batching/alone.py).
     cheap = len(works) == 1 and len(payloads[0]) <= alone.MAX_BYTES and isinstance(pool, DecodePool) and pool.idle
-    lone = model.batcher.claim_alone() if cheap else None
     with model.batcher.arriving(len(payloads)):  # on their way: no lone input ahead of them takes the wide runner
+        # The only image of a request that finds the batcher and a decode thread idle claims its runner:
+        # decoded and run in one trip (service/batching/alone.py).
+        lone = model.batcher.claim_alone() if cheap else None
         if len(works) == 1:  # the common case: one trip to the pool
             decoded = [
                 await decode_alone(

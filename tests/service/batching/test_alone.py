@@ -95,8 +95,8 @@ async def test_no_claim_while_anything_is_queued_on_its_way_or_claimed() -> None
         assert batcher.queued == 1 and batcher.claim_alone() is None  # queued
         only.gate.set()
         assert ids(await result(asyncio.gather(*queued))) == [0, 1, 2]
-        with batcher.arriving(1):
-            assert batcher.claim_alone() is None  # another request is being decoded
+        with batcher.arriving(1), batcher.arriving(1):
+            assert batcher.claim_alone() is None  # another request is being decoded beside the caller's
         claim = batcher.claim_alone()
         assert claim is not None and batcher.claim_alone() is None  # held: the one runner is taken
         claim.release()
@@ -133,6 +133,17 @@ async def test_a_claim_whose_image_is_still_decoding_is_taken_back_for_a_queued_
         assert ids([await result(batcher.submit(item(1)))]) == [1]  # decoded first: it does not wait
         assert await run_claim(claim, item(0)) is None  # taken back: its input goes the batching way
         assert wide.batches == [[1]] and batcher.wide_batches == 1 and released(batcher)["idle"] == 1
+
+
+async def test_a_claim_still_decoding_is_taken_back_when_another_request_arrives() -> None:
+    first, wide = FakeModel(), FakeModel()
+    async with running([first], wide) as batcher:
+        with batcher.arriving(1):
+            claim = batcher.claim_alone()  # the caller's own input is on its way: it may claim
+            assert claim is not None
+            with batcher.arriving(1):  # another request starts decoding: the first is not alone any more
+                assert await run_claim(claim, item(0)) is None  # taken back: it will be queued once decoded
+        assert wide.batches == [] and batcher.wide_batches == 0
 
 
 async def test_a_claim_of_an_instance_leaves_the_others_to_the_batches() -> None:
