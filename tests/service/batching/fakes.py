@@ -149,3 +149,22 @@ async def busy_runner(batcher: Batcher, model: FakeModel) -> AsyncIterator[async
         yield plug
     finally:
         model.gate.set()
+
+
+@asynccontextmanager
+async def running_instances(
+    models: list[FakeModel], clock: ManualClock | None = None, wide: FakeModel | None = None, **config: float
+) -> AsyncIterator[Batcher]:
+    """A started batcher feeding ``models`` (one instance each) and the ``wide`` runner; stopped after."""
+    values = {"max_batch_size": 2, "max_queue_delay": 0.5, "queue_size": 16, "request_timeout": 30.0, **config}
+    name = f"fake-{next(_names)}"
+    batcher = Batcher(
+        models, BatchingConfig(**values), model=name, version="1", clock=clock or ManualClock(), wide=wide
+    )
+    await batcher.start()
+    try:
+        yield batcher
+    finally:
+        for model in [*models, *([wide] if wide else [])]:
+            model.gate.set()
+        await batcher.stop()

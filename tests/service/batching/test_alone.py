@@ -8,8 +8,6 @@ Same manual clock and fake models as test_batcher.py (fakes.py). The claim is ru
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import numpy as np
 import pytest
@@ -20,7 +18,8 @@ from service.batching.batcher import Batcher
 from service.batching.clock import MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult
 from service.core.errors import InferenceFailed, Unavailable
-from tests.service.batching.fakes import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
+from tests.service.batching import fakes
+from tests.service.batching.fakes import FakeModel, ManualClock, ids, item, result
 
 pytestmark = pytest.mark.anyio
 
@@ -39,20 +38,8 @@ class MaskedModel(FakeModel):
         return {"id": x[:, :1, 0, 0].copy(), "valid": mask.sum(axis=(1, 2))}
 
 
-@asynccontextmanager
-async def running(
-    models: list[FakeModel], wide: FakeModel | None = None, clock: ManualClock | None = None
-) -> AsyncIterator[Batcher]:
-    config = BatchingConfig(max_batch_size=2, max_queue_delay=0.5, queue_size=16, request_timeout=30.0)
-    name = f"fake-{next(_names)}"
-    batcher = Batcher(models, config, model=name, version="1", clock=clock or ManualClock(), wide=wide)
-    await batcher.start()
-    try:
-        yield batcher
-    finally:
-        for model in [*models, *([wide] if wide else [])]:
-            model.gate.set()
-        await batcher.stop()
+def running(models: list[FakeModel], wide: FakeModel | None = None, clock: ManualClock | None = None):
+    return fakes.running_instances(models, clock, wide)
 
 
 def compute_count(batcher: Batcher) -> float:
@@ -72,14 +59,14 @@ async def run_claim(claim: LoneRun, x: np.ndarray, bucket: tuple[int, int] | Non
 async def test_a_claim_runs_the_wide_runner_in_the_callers_thread_and_counts_as_a_batch_of_one() -> None:
     first, second, wide = FakeModel(), FakeModel(), FakeModel()
     async with running([first, second], wide) as batcher:
-        before, computed = released(batcher), compute_count(batcher)
+        before, computed = fakes.released(batcher), compute_count(batcher)
         claim = batcher.claim_alone()
         assert claim is not None
         answer = await run_claim(claim, item(7))
         assert isinstance(answer, InferenceResult) and ids([answer]) == [7]
         assert (answer.batch_size, answer.queue_seconds) == (1, 0.0)
         assert wide.batches == [[7]] and first.batches == second.batches == []  # every core for it
-        assert released(batcher)["idle"] == before["idle"] + 1 and compute_count(batcher) == computed + 1
+        assert fakes.released(batcher)["idle"] == before["idle"] + 1 and compute_count(batcher) == computed + 1
         assert batcher.wide_batches == 1
         assert ids([await result(batcher.submit(item(8)))]) == [8]  # given back: the batching path goes on
         assert wide.batches == [[7], [8]]
@@ -90,8 +77,8 @@ async def test_no_claim_while_anything_is_queued_on_its_way_or_claimed() -> None
     async with running([only]) as batcher:
         only.gate.clear()
         queued = [asyncio.ensure_future(batcher.submit(item(i))) for i in (0, 1, 2)]  # two run, one queues
-        await until(lambda: only.batches == [[0, 1]])
-        await settle()
+        await fakes.until(lambda: only.batches == [[0, 1]])
+        await fakes.settle()
         assert batcher.queued == 1 and batcher.claim_alone() is None  # queued
         only.gate.set()
         assert ids(await result(asyncio.gather(*queued))) == [0, 1, 2]
@@ -111,14 +98,14 @@ async def test_no_claim_while_anything_is_queued_on_its_way_or_claimed() -> None
 async def test_while_the_wide_runner_runs_for_a_claim_a_queued_request_waits_then_runs() -> None:
     first, wide = FakeModel(), FakeModel()
     async with running([first], wide) as batcher:
-        await settle()  # the loop waits for a batch with the instance idle
+        await fakes.settle()  # the loop waits for a batch with the instance idle
         claim = batcher.claim_alone()
         assert claim is not None
         wide.gate.clear()
         held = asyncio.ensure_future(run_claim(claim, item(0)))
-        await until(lambda: wide.batches == [[0]])  # its run has started: the claim holds
+        await fakes.until(lambda: wide.batches == [[0]])  # its run has started: the claim holds
         later = asyncio.ensure_future(batcher.submit(item(1)))
-        await settle()
+        await fakes.settle()
         assert first.batches == [] and batcher.queued == 1 and batcher.running  # the claim has every core
         wide.gate.set()
         assert ids([await result(held)]) == [0]
@@ -132,7 +119,7 @@ async def test_a_claim_whose_image_is_still_decoding_is_taken_back_for_a_queued_
         assert claim is not None
         assert ids([await result(batcher.submit(item(1)))]) == [1]  # decoded first: it does not wait
         assert await run_claim(claim, item(0)) is None  # taken back: its input goes the batching way
-        assert wide.batches == [[1]] and batcher.wide_batches == 1 and released(batcher)["idle"] == 1
+        assert wide.batches == [[1]] and batcher.wide_batches == 1 and fakes.released(batcher)["idle"] == 1
 
 
 async def test_a_claim_still_decoding_is_taken_back_when_another_request_arrives() -> None:
@@ -153,7 +140,7 @@ async def test_a_claim_of_an_instance_leaves_the_others_to_the_batches() -> None
         assert claim is not None
         first.gate.clear()  # the claim's run holds the first instance
         held = asyncio.ensure_future(run_claim(claim, item(0)))
-        await until(lambda: first.batches == [[0]])
+        await fakes.until(lambda: first.batches == [[0]])
         assert ids([await result(batcher.submit(item(1)))]) == [1]  # the other instance runs a batch meanwhile
         assert second.batches == [[1]] and not held.done()
         first.gate.set()
@@ -179,7 +166,7 @@ async def test_a_failing_run_is_a_500_and_the_loop_goes_on() -> None:
         answer = await run_claim(claim, item(0))
         assert isinstance(answer, InferenceFailed) and "the run failed for this batch of 1" in answer.detail
         assert "out of memory" in answer.detail
-        assert released(batcher)["idle"] == 1  # counted as a failed batch is (as the batching path counts it)
+        assert fakes.released(batcher)["idle"] == 1  # counted as a failed batch is (as the batching path counts it)
         assert batcher.running and ids([await result(batcher.submit(item(1)))]) == [1]
 
 
@@ -195,7 +182,7 @@ async def test_what_is_not_an_exception_kills_the_loop_as_from_a_batch() -> None
         assert claim is not None
         answer = await run_claim(claim, item(0))
         assert isinstance(answer, InferenceFailed) and "batching loop died" in answer.detail
-        await until(lambda: not batcher.running)
+        await fakes.until(lambda: not batcher.running)
         with pytest.raises(Unavailable, match="batching loop is not running"):
             await batcher.submit(item(1))
 
@@ -206,11 +193,11 @@ async def test_giving_up_returns_the_runner_before_the_thread_ends() -> None:
         claim = batcher.claim_alone()
         assert claim is not None and not claim.affordable(MAX_PIXELS + 1) and claim.affordable(MAX_PIXELS)
         await asyncio.to_thread(claim.give_up)  # from the decode thread: scheduled on the loop
-        await settle()
+        await fakes.settle()
         assert ids([await result(batcher.submit(item(1)))]) == [1]  # the runner is free again
         claim.release()  # the thread's end: nothing more to give back
         assert ids([await result(batcher.submit(item(2)))]) == [2] and wide.batches == [[1], [2]]
-        assert batcher.wide_batches == 2 and released(batcher)["idle"] == 2  # the claim ran nothing: not counted
+        assert batcher.wide_batches == 2 and fakes.released(batcher)["idle"] == 2  # the claim ran nothing: not counted
 
 
 async def test_an_abandoned_or_expired_request_is_never_run() -> None:
@@ -225,21 +212,21 @@ async def test_an_abandoned_or_expired_request_is_never_run() -> None:
         clock.jump(5.0)
         assert await result(asyncio.to_thread(late, item(1), None, 5.0)) is None  # at its deadline
         late.release()
-        assert model.batches == [] and released(batcher)["idle"] == 0 and compute_count(batcher) == 0
+        assert model.batches == [] and fakes.released(batcher)["idle"] == 0 and compute_count(batcher) == 0
 
 
 async def test_the_loop_waits_without_spinning_while_a_claim_is_held() -> None:
     model = FakeModel()
     config = BatchingConfig(max_batch_size=4, max_queue_delay=0.001, queue_size=16, request_timeout=30.0)
-    batcher = Batcher(model, config, model=f"fake-{next(_names)}", version="1", clock=MonotonicClock())
+    batcher = Batcher(model, config, model=f"fake-{next(fakes._names)}", version="1", clock=MonotonicClock())
     await batcher.start()
     try:
-        await settle()  # the idle loop waits for a batch
+        await fakes.settle()  # the idle loop waits for a batch
         claim = batcher.claim_alone()
         assert claim is not None
         model.gate.clear()
         held = asyncio.ensure_future(run_claim(claim, item(0)))
-        await until(lambda: model.batches == [[0]])  # its run has started: the claim holds
+        await fakes.until(lambda: model.batches == [[0]])  # its run has started: the claim holds
         looks = 0
         head_batch = batcher._queue.head_batch
 
@@ -265,9 +252,9 @@ async def test_stop_waits_for_a_claimed_run_and_takes_back_a_claim_still_decodin
         assert claim is not None
         model.gate.clear()
         held = asyncio.ensure_future(run_claim(claim, item(0)))
-        await until(lambda: model.batches == [[0]])
+        await fakes.until(lambda: model.batches == [[0]])
         stopping = asyncio.ensure_future(batcher.stop())
-        await settle()
+        await fakes.settle()
         assert not stopping.done()  # the decode thread still runs the session: it is not dropped under it
         model.gate.set()
         await result(stopping)

@@ -6,8 +6,6 @@ Same manual clock and fake models as test_batcher.py (fakes.py); each fake model
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import numpy as np
 import pytest
@@ -15,26 +13,24 @@ import pytest
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
 from service.core.errors import InferenceFailed, Unavailable
-from tests.service.batching.fakes import FakeModel, ManualClock, _names, ids, item, released, result, settle, until
+from tests.service.batching.fakes import (
+    FakeModel,
+    ManualClock,
+    _names,
+    ids,
+    item,
+    released,
+    result,
+    running_instances,
+    settle,
+    until,
+)
 
 pytestmark = pytest.mark.anyio
 
 
-@asynccontextmanager
-async def running(
-    models: list[FakeModel], clock: ManualClock, wide: FakeModel | None = None, **config: float
-) -> AsyncIterator[Batcher]:
-    values = {"max_batch_size": 2, "max_queue_delay": 0.5, "queue_size": 16, "request_timeout": 30.0, **config}
-    batcher = Batcher(
-        models, BatchingConfig(**values), model=f"fake-{next(_names)}", version="1", clock=clock, wide=wide
-    )
-    await batcher.start()
-    try:
-        yield batcher
-    finally:
-        for model in [*models, *([wide] if wide else [])]:
-            model.gate.set()
-        await batcher.stop()
+def running(models: list[FakeModel], clock: ManualClock, wide: FakeModel | None = None, **config: float):
+    return running_instances(models, clock, wide, **config)
 
 
 async def test_two_instances_run_two_batches_at_once() -> None:
