@@ -11,12 +11,13 @@ runner when there is one, else an idle instance: :meth:`RunnerPool.take`), and t
 runs the model as soon as the input is preprocessed. No batch starts while the claim is held, so
 the threads that compute never outnumber the cores, as on the batching path.
 
-While the image decodes the claim is only a reservation: if inputs are queued and no runner is
-free for them, the batching loop takes it back (:meth:`Claims.revoke`), and the image, once
-decoded, is queued as any other. Once the decode thread has started the run, the claim holds
-until the run ends. The claim is taken only when a decode thread is free and the decode is cheap:
-a file of at most :data:`MAX_BYTES`, whose header (read first, in the thread) declares at most
-:data:`MAX_PIXELS` decoded pixels; a larger one gives the claim back at once. Under load nothing
+While the image decodes the claim is only a reservation: as soon as another request starts
+decoding (:meth:`Batcher.arriving`), or inputs are queued with no runner free for them, it is
+taken back (:meth:`Claims.revoke`), and the image, once decoded, is queued as any other. Once
+the decode thread has started the run, the claim holds until the run ends. The claim is taken
+only when a decode thread is free and the decode is cheap: a file of at most :data:`MAX_BYTES`,
+whose header (read first, in the thread) declares at most :data:`MAX_PIXELS` decoded pixels; a
+larger one gives the claim back at once. Under load nothing
 is ever alone (requests overlap), and every request batches. Tracing on, the batching path is
 always taken (its ``queue``, ``batch`` and ``compute`` spans).
 """
