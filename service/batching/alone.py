@@ -17,9 +17,9 @@ taken back (:meth:`Claims.revoke`), and the image, once decoded, is queued as an
 the decode thread has started the run, the claim holds until the run ends. The claim is taken
 only when a decode thread is free and the decode is cheap: a file of at most :data:`MAX_BYTES`,
 whose header (read first, in the thread) declares at most :data:`MAX_PIXELS` decoded pixels; a
-larger one gives the claim back at once. Under load nothing
-is ever alone (requests overlap), and every request batches. Tracing on, the batching path is
-always taken (its ``queue``, ``batch`` and ``compute`` spans).
+larger one gives the claim back at once. Under load nothing is ever alone (requests overlap),
+and every request batches. Tracing on, the batching path is always taken (its ``queue``,
+``batch`` and ``compute`` spans).
 """
 
 from __future__ import annotations
