@@ -1,5 +1,6 @@
 """A lone request's claim on a runner (service/batching/alone.py): taken only when the batcher is idle,
-exclusive of every batch while held, run from another thread, counted as a batch of one, given back.
+taken back while its image still decodes if another input needs a runner, exclusive of every batch
+once its run has started, run from another thread, counted as a batch of one, given back.
 
 Same manual clock and fake models as test_batcher.py (fakes.py). The claim is run with
 ``asyncio.to_thread``, as the decode pool runs it.
