@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, pad_inputs, split_outputs, stack_inputs
+from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, run_arguments, split_outputs
 from service.batching.config import InferenceResult, RunFn
 from service.batching.runners import RunnerPool
 from service.core import metrics
@@ -141,16 +141,8 @@ class LoneRun:
         started = time.perf_counter()
         self._ran = True
         try:
-            if bucket is None:
-                buffer = self._buffers.get(x.shape, x.dtype, 1)
-                inputs = stack_inputs([x], out=buffer)
-                outputs = self._run(inputs)
-            else:
-                buffer = self._buffers.get((x.shape[0], *bucket), x.dtype, 1)
-                mask = self._buffers.get(bucket, np.dtype(np.int64), 1)
-                inputs, mask = pad_inputs([x], buffer, mask)
-                outputs = self._run(inputs, mask)
-            row = split_outputs(detach(outputs, buffer), 1)[0]
+            args = run_arguments(self._buffers, [x], bucket)
+            row = split_outputs(detach(self._run(*args), args[0]), 1)[0]
         except Exception as exc:
             return run_failed(self.name, 1, exc)
         except BaseException as exc:  # as from a batch: the batching loop dies of it (release())

@@ -120,6 +120,27 @@ def pad_inputs(inputs: Sequence[np.ndarray], out: np.ndarray, mask: np.ndarray) 
     return out, mask
 
 
+def run_arguments(
+    buffers: BatchBuffers, inputs: Sequence[np.ndarray], bucket: tuple[int, int] | None
+) -> tuple[np.ndarray, ...]:
+    """A runner's arguments for one batch, built in its buffers: ``(batch,)``, or ``(batch, mask)`` padded.
+
+    Args:
+        buffers: the runner's :class:`BatchBuffers` (its own while the batch is built and run).
+        inputs: the B (C, H, W) inputs, of one shape and dtype unless padded to ``bucket``.
+        bucket: (H, W) to pad them to, with their int64 (B, H, W) pixel mask (:func:`pad_inputs`);
+            None: stacked as they are (:func:`stack_inputs`).
+
+    Returns:
+        The arguments to call the runner with; the first is the batch, to :func:`detach` the outputs from.
+    """
+    first = inputs[0]
+    if bucket is None:
+        return (stack_inputs(inputs, out=buffers.get(first.shape, first.dtype, len(inputs))),)
+    batch = buffers.get((first.shape[0], *bucket), first.dtype, len(inputs))
+    return pad_inputs(inputs, batch, buffers.get(bucket, np.dtype(np.int64), len(inputs)))
+
+
 def split_outputs(outputs: Mapping[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:
     """Check that every output has one row per input, then split them into per-input rows.
 

@@ -47,7 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from service.batching.alone import Claims, LoneRun, run_failed
-from service.batching.arrays import BatchBuffers, detach, pad_inputs, split_outputs, stack_inputs
+from service.batching.arrays import BatchBuffers, detach, run_arguments, split_outputs
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
 from service.batching.queue import Request, RequestQueue, admit
@@ -262,19 +262,10 @@ class Batcher:
         started = self.clock.now()
         trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
         try:
-            first = batch[0]
-            shape, dtype = first.shape
-            buffer = self._buffers[runner].get(shape, np.dtype(dtype), len(batch))
-            run = self._runners[runner]
+            args = run_arguments(self._buffers[runner], [request.x for request in batch], batch[0].bucket)
             loop = asyncio.get_running_loop()
-            if first.bucket is None:
-                inputs = stack_inputs([request.x for request in batch], out=buffer)  # (B, C, H, W)
-                outputs = await loop.run_in_executor(self._executors[runner], run, inputs)
-            else:
-                mask = self._buffers[runner].get(first.bucket, np.dtype(np.int64), len(batch))  # (B, H, W)
-                inputs, mask = pad_inputs([request.x for request in batch], buffer, mask)
-                outputs = await loop.run_in_executor(self._executors[runner], run, inputs, mask)
-            rows = split_outputs(detach(outputs, buffer), len(batch))
+            outputs = await loop.run_in_executor(self._executors[runner], self._runners[runner], *args)
+            rows = split_outputs(detach(outputs, args[0]), len(batch))
         except Exception as exc:  # this batch fails alone; the loop goes on
             tracing.batch_ended(trace, exc)
             self._fail(batch, exc)
