@@ -12,7 +12,11 @@ variables in the environment apply on top), drives it with wrk, and measures two
    event loop (``MainThread``: uvicorn, FastAPI, multipart parsing, the batcher, responses),
    the decode pool (``decode_*``: Pillow decoding and preprocessing), the runner threads
    (``run-*``: they call ONNX Runtime and compute in it), and threads Python does not know,
-   ONNX Runtime's own intra-op pool.
+   ONNX Runtime's own intra-op pool. Beside it, each group's **wait for a core**: the time its
+   threads were runnable but not running (``/proc/<pid>/task/<tid>/schedstat``, the kernel's
+   run-queue delay), and for the runner threads their **idle** time, neither running nor
+   waiting for a core: waiting for work (a batch handed over by the event loop). Under load
+   with a queue, idle runner time is time lost to hand-offs.
 2. **py-spy's sampled Python stacks** (``py-spy record --format raw``), summarised as the
    functions holding the most samples (inclusive) in each thread group.
 
@@ -49,6 +53,20 @@ def cpu_seconds(pid: int) -> dict[int, float]:
     for task in Path(f"/proc/{pid}/task").iterdir():
         fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
         seconds[int(task.name)] = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS  # utime, stime
+    return seconds
+
+
+def schedstat_seconds(pid: int) -> dict[int, tuple[float, float]]:
+    """(seconds on a core, seconds runnable but waiting for one) of every thread of ``pid``, by OS
+    thread id (``/proc/<pid>/task/<tid>/schedstat``: nanoseconds; empty where the kernel keeps no
+    schedstats)."""
+    seconds = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            ran, waited, _ = (task / "schedstat").read_text().split()
+        except (OSError, ValueError):
+            continue
+        seconds[int(task.name)] = (int(ran) / 1e9, int(waited) / 1e9)
     return seconds
 
 
@@ -102,6 +120,23 @@ def hot_spots(collapsed: Path, names: dict[int, str], top: int = 10) -> dict[str
     }
 
 
+def scheduling(
+    before: dict[int, tuple[float, float]], after: dict[int, tuple[float, float]], names: dict[int, str]
+) -> dict[str, tuple[float, float, int]]:
+    """By thread group: (seconds on a core, seconds waiting for one, threads) between two
+    :func:`schedstat_seconds` readings; threads that ran for under 1 % of it are left out."""
+    groups: dict[str, tuple[float, float, int]] = {}
+    span = max((a[0] - before.get(t, (0.0, 0.0))[0] for t, a in after.items()), default=0.0)
+    for tid, (ran, waited) in after.items():
+        ran0, waited0 = before.get(tid, (0.0, 0.0))
+        if ran - ran0 < 0.01 * span:
+            continue
+        label = group(names.get(tid))
+        r, w, n = groups.get(label, (0.0, 0.0, 0))
+        groups[label] = (r + ran - ran0, w + waited - waited0, n + 1)
+    return groups
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m bench.profile", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -146,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         url = running.url + server.path
         loadgen.run(url, files, concurrency=args.concurrency, seconds=3)  # warm-up: every pool thread started
         names = thread_names(pid, py_spy)
-        before = cpu_seconds(pid)
+        before, sched_before = cpu_seconds(pid), schedstat_seconds(pid)
         record = [str(py_spy), "record", "--pid", str(pid), "--threads", "--rate", str(args.rate)]
         sampler = None
         if args.rate > 0:
@@ -161,7 +196,7 @@ def main(argv: list[str] | None = None) -> None:
         )
         load.start()
         load.join()
-        after = cpu_seconds(pid)
+        after, sched_after = cpu_seconds(pid), schedstat_seconds(pid)
         if sampler is not None:
             sampler.wait()
     finally:
@@ -180,6 +215,10 @@ def main(argv: list[str] | None = None) -> None:
     print(f"\nCPU per request: {1e3 * total / requests:.2f} ms ({total / r.seconds:.2f} cores busy on average)")
     for label, seconds in spent.most_common():
         print(f"  {label:<40s} {1e3 * seconds / requests:7.2f} ms  {seconds / total:6.1%}")
+    print("\nper thread group, as shares of the run's wall time (schedstat): on a core / waiting for one / neither")
+    for label, (ran, waited, threads) in sorted(scheduling(sched_before, sched_after, names).items()):
+        shares = (ran / r.seconds, waited / r.seconds, threads - (ran + waited) / r.seconds)
+        print(f"  {label:<40s} {threads} thread(s): " + " / ".join(f"{x:5.2f}" for x in shares))
     if args.rate <= 0:
         return
     print(f"\npy-spy ({collapsed}): busiest functions, inclusive, as a share of each group's samples")

@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from service.batching.arrays import BatchBuffers, BatchOutputMismatch, detach, run_arguments, split_outputs
+from service.batching.arrays import BatchBuffers, BatchOutputMismatch, run_rows
 from service.batching.config import InferenceResult, RunFn
 from service.batching.runners import RunnerPool
 from service.core import metrics
@@ -141,8 +141,7 @@ class LoneRun:
         started = time.perf_counter()
         self._ran = True
         try:
-            args = run_arguments(self._buffers, [x], bucket)
-            row = split_outputs(detach(self._run(*args), args[0]), 1)[0]
+            row = run_rows(self._run, self._buffers, [x], bucket)[0]
         except Exception as exc:
             return run_failed(self.name, 1, exc)
         except BaseException as exc:  # as from a batch: the batching loop dies of it (release())

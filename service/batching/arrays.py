@@ -10,7 +10,7 @@ alias the buffer are copied before it is reused (see :func:`detach`).
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -139,6 +139,22 @@ def run_arguments(
         return (stack_inputs(inputs, out=buffers.get(first.shape, first.dtype, len(inputs))),)
     batch = buffers.get((first.shape[0], *bucket), first.dtype, len(inputs))
     return pad_inputs(inputs, batch, buffers.get(bucket, np.dtype(np.int64), len(inputs)))
+
+
+def run_rows(
+    run: Callable[..., Mapping[str, np.ndarray]],
+    buffers: BatchBuffers,
+    inputs: Sequence[np.ndarray],
+    bucket: tuple[int, int] | None,
+) -> list[dict[str, np.ndarray]]:
+    """One batch, in the runner's thread: built in ``buffers`` (:func:`run_arguments`), run, its outputs
+    detached from the buffer (:func:`detach`) and split into one row per input (:func:`split_outputs`).
+
+    Raises:
+        BatchOutputMismatch: as :func:`split_outputs`; and whatever ``run`` or building the batch raises.
+    """
+    args = run_arguments(buffers, inputs, bucket)
+    return split_outputs(detach(run(*args), args[0]), len(inputs))
 
 
 def split_outputs(outputs: Mapping[str, np.ndarray], batch_size: int) -> list[dict[str, np.ndarray]]:

@@ -16,18 +16,19 @@ mix, and a request of another shape waits only for batches led by requests older
 
 **Drop.** The queue is bounded (``queue_size``: one more gets 503 at once). A request still
 queued at its deadline gets 504 there and then, even while the runner is busy; a cancelled one
-(client gone) leaves at once. Neither is computed: the last check before stacking drops any
-that expired or were cancelled in between.
+(client gone) leaves at once. Neither is computed: the last check, in the runner's thread just
+before stacking, drops any that expired or were cancelled in between.
 
-**Stack, run, check/split, answer.** The inputs are stacked (or padded, with their mask) straight
-into the runner's preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`), the model is
-called once in the runner's own thread, every output is checked for one row per input, then split. A failing batch
-fails only its own requests (500, saying why); the loop goes on. If the loop itself dies, every
-request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
+**Stack, run, check/split, answer.** In the runner's own thread, the inputs are stacked (or
+padded, with their mask) into its preallocated (B, C, H, W) buffer (:mod:`service.batching.arrays`),
+the model is called once, every output is checked for one row per input, then split; the loop
+answers. A failing batch fails only its own requests (500, saying why); the loop goes on. If the
+loop itself dies, every request is answered, ``running`` (and ``/readyz``) turns False, and later ones get 503.
 
 **Instances.** Given N runners (N sessions of one model: Triton's instance count), one batcher
 feeds them all: it collects the next batch whenever one of them is idle, so up to N batches are
-in flight at once. With one runner, a batch is collected only once the previous one has run. A
+in flight at once; when none is idle, a full batch is handed to the instance whose run began
+first, to start in its thread as soon as that run returns (:meth:`RunnerPool.stage`). A
 *wide* runner (every core) may stand beside them for a request that arrives alone while they idle;
 such a request may claim it (or an idle instance) and run in its decode thread (:meth:`claim_alone`).
 
@@ -47,10 +48,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from service.batching.alone import Claims, LoneRun, run_failed
-from service.batching.arrays import BatchBuffers, detach, run_arguments, split_outputs
+from service.batching.arrays import BatchBuffers, run_rows
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
-from service.batching.queue import Request, RequestQueue, admit
+from service.batching.queue import Request, RequestQueue, admit, drop_expired, live
 from service.batching.runners import RunnerPool
 from service.core import metrics, tracing
 from service.core.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
@@ -58,6 +59,7 @@ from service.core.errors import DeadlineExceeded, InferenceFailed, ProblemError,
 log = logging.getLogger(__name__)
 
 SIZE, DELAY, IDLE = metrics.RELEASE_REASONS
+Computed = tuple[float, list[Request], list[Request], list[dict[str, np.ndarray]] | Exception]
 
 
 class Batcher:
@@ -101,7 +103,7 @@ class Batcher:
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}-{i}")
             for i in range(len(self._runners))
         ]
-        self._buffers = [BatchBuffers(config.max_batch_size) for _ in self._runners]
+        self._buffers = [BatchBuffers(config.max_batch_size) for _ in self._runners]  # used in its thread only
         self._task: asyncio.Task[None] | None = None
         self._claims = Claims(
             self.name, self._pool, self._runners, self._buffers, self._series, self.clock.now, self._claim_ended
@@ -121,6 +123,11 @@ class Batcher:
     def wide_batches(self) -> int:
         """Batches the wide runner has run, lone requests' included (0 without one)."""
         return self._pool.wide_batches
+
+    @property
+    def staged_batches(self) -> int:
+        """Batches handed to an instance behind its running one (:meth:`RunnerPool.stage`)."""
+        return self._pool.staged_batches
 
     @property
     def queued(self) -> int:
@@ -239,12 +246,12 @@ class Batcher:
         try:
             while True:
                 await self._until_a_runner_is_idle()
-                batch, reason = await self._collect()
-                batch = self._drop_expired_and_cancelled(batch)
+                batch, reason, staged = await self._collect()
+                batch = drop_expired(self.name, batch, self.clock.now())
                 if not batch:
                     continue
                 self._record_release(batch, reason)
-                runner = self._pool.take(len(batch), self._queue.queued)
+                runner = self._pool.stage() if staged else self._pool.take(len(batch), self._queue.queued)
                 task = asyncio.create_task(self._run_batch(runner, batch, reason), name=f"batch-{self.name}-{runner}")
                 self._in_flight[task] = batch
                 task.add_done_callback(functools.partial(self._batch_done, runner))
@@ -258,20 +265,35 @@ class Batcher:
             self._answer_everyone_left(stopped_by)
 
     async def _run_batch(self, runner: int, batch: list[Request], reason: str) -> None:
-        """Stack -> run -> check/split -> answer, for one batch on one runner (released for ``reason``)."""
-        started = self.clock.now()
+        """Stack -> run -> check/split (:meth:`_compute`, in the runner's thread) -> answer, for one batch."""
         trace = tracing.batch_started(*self._model_version, reason, [request.trace for request in batch])
+        loop = asyncio.get_running_loop()
         try:
-            args = run_arguments(self._buffers[runner], [request.x for request in batch], batch[0].bucket)
-            loop = asyncio.get_running_loop()
-            outputs = await loop.run_in_executor(self._executors[runner], self._runners[runner], *args)
-            rows = split_outputs(detach(outputs, args[0]), len(batch))
+            computed = await loop.run_in_executor(self._executors[runner], self._compute, runner, batch)
+            started, kept, dropped, rows = computed
+            drop_expired(self.name, dropped, self.clock.now())  # (the expired get their 504)
+            if isinstance(rows, Exception):
+                raise rows
         except Exception as exc:  # this batch fails alone; the loop goes on
             tracing.batch_ended(trace, exc)
             self._fail(batch, exc)
         else:
             tracing.batch_ended(trace)
-            self._answer(batch, rows, started, self.clock.now() - started)
+            if kept:
+                self._answer(kept, rows, started, self.clock.now() - started)
+
+    def _compute(self, runner: int, batch: list[Request]) -> Computed:
+        """In the runner's thread: the last check (a staged batch waited behind a run), stack, run, check, split.
+        Returns (when it began, the requests run, those dropped, their rows or what the run raised)."""
+        started = self.clock.now()
+        kept, dropped = live(batch, started)
+        rows: list[dict[str, np.ndarray]] | Exception = []
+        try:
+            if kept:
+                rows = run_rows(self._runners[runner], self._buffers[runner], [r.x for r in kept], kept[0].bucket)
+        except Exception as exc:
+            rows = exc
+        return started, kept, dropped, rows
 
     def _batch_done(self, runner: int, task: asyncio.Task[None]) -> None:
         """A batch's task ended: its runner is idle again; anything but an Exception kills the loop."""
@@ -283,14 +305,16 @@ class Batcher:
         self._wake.set()
 
     async def _until_a_runner_is_idle(self) -> None:
-        while not self._runner_free() or self._fatal is not None:
+        """Until a runner is idle, or a full batch could wait behind a running one (:meth:`RunnerPool.stage`)."""
+        while not (self._runner_free() or self._pool.room_behind()) or self._fatal is not None:
             if self._fatal is not None:
                 raise self._fatal
             self._wake.clear()
             await self._wake.wait()
 
-    async def _collect(self) -> tuple[list[Request], str]:
-        """Wait until a batch is due; take its requests out of the queue. Returns (batch, reason)."""
+    async def _collect(self) -> tuple[list[Request], str, bool]:
+        """Wait until a batch is due; take its requests out of the queue. Returns (batch, reason, staged):
+        staged, a full batch due while no runner is idle, to wait behind a running one."""
         while True:
             if self._fatal is not None:
                 raise self._fatal
@@ -298,10 +322,11 @@ class Batcher:
             batch = self._queue.head_batch(self.config.max_batch_size)
             available = self._runner_free()  # (not while a lone request runs on the runner it needs)
             reason = self._release_reason(batch) if batch and available else None
-            if reason is not None:
+            staged = not available and len(batch) >= self.config.max_batch_size and self._pool.room_behind()
+            if reason is not None or staged:
                 for request in batch:
                     self._queue.leave(request)
-                return batch, reason
+                return batch, reason or SIZE, staged
             timer = None
             if batch and available:  # wake up when its oldest request has waited max_queue_delay
                 timer = self.clock.call_at(batch[0].enqueued + self.config.max_queue_delay, self._wake.set)
@@ -321,21 +346,6 @@ class Batcher:
         if self._queue.queued == 1:  # we are collecting, so a runner is idle, and this is all there is
             return IDLE
         return None
-
-    def _drop_expired_and_cancelled(self, batch: list[Request]) -> list[Request]:
-        """The last check before compute: a request cancelled or past its deadline is never run."""
-        now = self.clock.now()
-        kept = []
-        for request in batch:
-            if request.future.done():  # the client went away (or it was answered already)
-                continue
-            if now >= request.deadline:
-                request.future.set_exception(request.deadline_exceeded(self.name, now))
-                continue
-            kept.append(request)
-        if len(kept) < len(batch):
-            log.debug("model %s: dropped %d expired or cancelled request(s)", self.name, len(batch) - len(kept))
-        return kept
 
     def _record_release(self, batch: list[Request], reason: str) -> None:
         self._series.release(len(batch), reason)

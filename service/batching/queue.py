@@ -7,6 +7,7 @@ apart from the deque, which forgets requests that left only lazily (:meth:`Reque
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from service.batching.clock import Timer
 from service.batching.config import InferenceResult
 from service.core import tracing
 from service.core.errors import BadRequest, DeadlineExceeded, Unavailable
+
+log = logging.getLogger("service.batching.batcher")
 
 
 @dataclass(eq=False)
@@ -54,6 +57,34 @@ class Request:
             f"model {name}: the request's deadline passed after {now - self.enqueued:.3f} s in the queue, "
             "before a batch ran it"
         )
+
+
+def live(batch: list[Request], now: float) -> tuple[list[Request], list[Request]]:
+    """The last check before compute: (the requests to run, those cancelled or past their deadline).
+
+    Only reads, so a runner's thread may call it: a future seen not done just as its client
+    leaves costs a row computed for nobody.
+    """
+    kept: list[Request] = []
+    dropped: list[Request] = []
+    for request in batch:
+        (dropped if request.future.done() or now >= request.deadline else kept).append(request)
+    return kept, dropped
+
+
+def drop_expired(name: str, batch: list[Request], now: float) -> list[Request]:
+    """On the event loop: :func:`live`'s check, the expired answered 504; returns the requests to run.
+
+    A request cancelled (the client went away) or answered already is left as it is; a request
+    past its deadline is never run.
+    """
+    kept, dropped = live(batch, now)
+    for request in dropped:
+        if not request.future.done():
+            request.future.set_exception(request.deadline_exceeded(name, now))
+    if dropped:
+        log.debug("model %s: dropped %d expired or cancelled request(s)", name, len(dropped))
+    return kept
 
 
 class RequestQueue:

@@ -139,14 +139,17 @@ async def test_a_retired_version_answers_everything_it_queued_and_ran(repository
         runner = v1.instances[0]
         release, session = threading.Event(), runner.session
 
-        class HeldSession:  # the first run waits until released; the batcher queues the others behind it
+        class HeldSession:  # the first run waits until released; the others wait behind it
             def run(self, *args):
                 release.wait(60)
                 return session.run(*args)
 
         runner.session = HeldSession()
         held = [asyncio.create_task(classify(client, "1")) for _ in range(5)]
-        await until(lambda: v1.batcher.queued == 4, "one request of version 1 in flight and four queued")
+        await until(
+            lambda: v1.batcher.queued == 3 and v1.batcher.staged_batches == 1,
+            "one request of version 1 in flight, one waiting behind it in its runner's thread and three queued",
+        )
         retire = await client.post(
             LOAD, json={"parameters": {"config": '{"version_policy": {"specific": {"versions": [2]}}}'}}
         )
