@@ -179,6 +179,7 @@ class ThreadPlan:
         wide_threads: intra-op threads of the wide session, which runs a request that arrives
             alone while every instance is idle (:mod:`service.batching.runners`); 0: none.
         wide: the setting: the wide session forced on (True) or off (False); None: chosen.
+        wide_note: why a wide session planned was left out (:meth:`without_wide`); "" if none was.
         share: cores this model version may keep busy (its share of the worker's).
         cores: the process's usable cores, and ``workers``, ``models`` it was shared between.
         forced: the names of the values a setting fixed.
@@ -198,6 +199,7 @@ class ThreadPlan:
     wide_threads: int = 0
     device_type: str = "cpu"
     wide: bool | None = None
+    wide_note: str = ""
 
     @property
     def computing_threads(self) -> int:
@@ -210,6 +212,10 @@ class ThreadPlan:
         if "instances" in self.forced or instances == self.instances:
             return self
         return _finish(dataclasses.replace(self, instances=instances))
+
+    def without_wide(self, why: str) -> ThreadPlan:
+        """The plan with no wide session, because of ``why`` (a measurement; shown in the reason)."""
+        return _finish(dataclasses.replace(self, wide=False, wide_note=why))
 
 
 def _count(n: int, noun: str) -> str:
@@ -246,6 +252,7 @@ def _finish(plan: ThreadPlan) -> ThreadPlan:
         f"{_count(plan.intra_op_threads, 'intra-op thread')}{mark('intra_op_threads')}"
         f"{f', a {plan.wide_threads}-thread wide session for lone requests' if plan.wide_threads else ''}"
         f"{', no wide session' if 'wide' in plan.forced and not plan.wide_threads else ''}{mark('wide')}"
+        f"{f', no wide session: {plan.wide_note}' if plan.wide_note and not plan.wide_threads else ''}"
         f", spinning {spin}"
         f"{mark('spinning')}, {_count(plan.decode_threads, 'decode thread')}{mark('decode_threads')}{fit}"
     )

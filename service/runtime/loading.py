@@ -15,9 +15,12 @@ model that is serving now, else the batching settings as given.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
+
+import numpy as np
 
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
@@ -28,6 +31,7 @@ from service.runtime.manifest import Manifest, ManifestError, load_manifest
 from service.runtime.repository import ModelVersion
 from service.runtime.sessions import CudaOptions, OrtRunner
 from service.runtime.tuning import Tuner, TuneResult
+from service.runtime.tuning.measure import lone_run_seconds, wide_pays
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +114,7 @@ class Loader:
     tuner: Tuner | None = None
     batch_size_fixed: bool = False
     scaled_decode: bool = True
+    lone_timer: Callable[..., tuple[float, float]] = lone_run_seconds  # (tests inject one)
 
     def load(
         self, name: str, version: int, folder: Path, *, live: bool = False, serving: ModelVersion | None = None
@@ -186,6 +191,8 @@ class Loader:
             runners = [make_runner(plan.intra_op_threads, plan.spinning) for _ in range(plan.instances)]
             if plan.wide_threads:  # it never runs beside the instances: computing_threads counted it already
                 wide = make_runner(plan.wide_threads, plan.spinning)
+                if self.tuner is not None and not live and "wide" not in plan.forced:
+                    plan, wide = self._wide_if_it_pays(name, version, plan, runners[0], wide, preprocessor)
         else:
             runners = [make_runner(self.intra_op_threads, self.intra_op_spinning) for _ in range(self.instances)]
         check_graph(manifest, runners[0], folder)
@@ -202,6 +209,23 @@ class Loader:
             plan.reason if plan is not None else f"{len(runners)} instance(s)", config.max_batch_size,
         )  # fmt: skip
         return model
+
+    def _wide_if_it_pays(
+        self, name: str, version: int, plan: ThreadPlan, instance: OrtRunner, wide: OrtRunner, pre: Preprocessor
+    ) -> tuple[ThreadPlan, OrtRunner | None]:
+        """Keep the wide session only if a lone input runs faster on it (:func:`wide_pays`), measured now."""
+        c, h, w = pre.output_shape
+        buckets = pre.spec.buckets
+        if buckets:
+            h, w = buckets[0].height, buckets[0].width
+        x = np.zeros((1, c, h, w), dtype=np.float32)
+        args: tuple[np.ndarray, ...] = (x, np.ones((1, h, w), dtype=np.int64)) if buckets else (x,)
+        alone, widened = self.lone_timer(instance.run, wide.run, args)
+        if wide_pays(alone, widened):
+            return plan, wide
+        why = f"a lone run took {widened * 1e3:.3f} ms on it and {alone * 1e3:.3f} ms on one instance"
+        log.info("model %s version %d: no wide session: %s", name, version, why)
+        return plan.without_wide(why), None
 
     @staticmethod
     def _serving_choice(

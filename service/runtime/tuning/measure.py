@@ -21,6 +21,7 @@ log = logging.getLogger(__name__)
 
 RunFn = Callable[[np.ndarray], Mapping[str, np.ndarray]]
 TURN_DOWN = 0.90  # a sweep stops once two batch sizes in a row give under 90 % of the best so far
+WIDE_GAIN = 1.1  # the wide session is kept when a lone input runs at least this much faster on it
 
 
 def measure_point(runners: Sequence[RunFn], batch: np.ndarray, seconds: float) -> float:
@@ -115,6 +116,49 @@ def measure(
         Point(n, b, float(np.median(samples[(n, b)])), low=min(samples[(n, b)]), high=max(samples[(n, b)]))
         for n, b in grid
     ]
+
+
+def lone_run_seconds(
+    instance: Callable[..., object],
+    wide: Callable[..., object],
+    args: tuple[np.ndarray, ...],
+    *,
+    runs: int = 15,
+    budget_seconds: float = 1.0,
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[float, float]:
+    """(seconds of one lone run on one instance, on the wide session): the medians of alternate runs.
+
+    Each session runs ``args`` once uncounted, then the two take turns (so a burst of foreign
+    load lands on both) ``runs`` times, or until ``budget_seconds`` have passed after at least 3.
+
+    Args:
+        instance, wide: the two sessions' run functions, ``(*args) -> outputs``.
+        args: one input as the runner is called with it: ``(batch,)`` or ``(batch, pixel mask)``.
+    """
+    instance(*args)
+    wide(*args)
+    started = clock()
+    times: tuple[list[float], list[float]] = ([], [])
+    for i in range(runs):
+        if i >= 3 and clock() - started >= budget_seconds:
+            break
+        for run, kept in ((instance, times[0]), (wide, times[1])):
+            began = clock()
+            run(*args)
+            kept.append(clock() - began)
+    return float(np.median(times[0])), float(np.median(times[1]))
+
+
+def wide_pays(instance_seconds: float, wide_seconds: float, gain: float = WIDE_GAIN) -> bool:
+    """Whether a lone input runs at least ``gain`` times as fast on the wide session as on one instance.
+
+    On 2 cores a ViT-Ti/16 ran 1.66x as fast on 2 threads and ``vit-cifar10`` 1.28x; ``vit-digits``
+    (0.06 ms a run) ran slower (0.85x), and its wide session's second thread, spinning while the
+    decode thread wanted the core, cost it 11 % of its lone-request throughput (docs/performance.md,
+    item 12).
+    """
+    return wide_seconds * gain <= instance_seconds
 
 
 def cpu_clocks(proc_stat: Path = Path("/proc/stat")) -> tuple[float, float]:
