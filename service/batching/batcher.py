@@ -42,6 +42,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -51,7 +52,7 @@ from service.batching.alone import Claims, LoneRun, run_failed
 from service.batching.arrays import BatchBuffers, run_rows
 from service.batching.clock import Clock, MonotonicClock
 from service.batching.config import BatchingConfig, InferenceResult, RunFn
-from service.batching.queue import Request, RequestQueue, admit, drop_expired, live
+from service.batching.queue import Request, RequestQueue, admit, drop_expired, fail_all, live, log_release
 from service.batching.runners import RunnerPool
 from service.core import metrics, tracing
 from service.core.errors import DeadlineExceeded, InferenceFailed, ProblemError, Unavailable
@@ -59,7 +60,7 @@ from service.core.errors import DeadlineExceeded, InferenceFailed, ProblemError,
 log = logging.getLogger(__name__)
 
 SIZE, DELAY, IDLE = metrics.RELEASE_REASONS
-Computed = tuple[float, list[Request], list[Request], list[dict[str, np.ndarray]] | Exception]
+Computed = tuple[float, list[Request], list[Request], list[dict[str, np.ndarray]] | Exception | None]
 
 
 class Batcher:
@@ -98,6 +99,8 @@ class Batcher:
         self._queue = RequestQueue(metrics.QUEUE_DEPTH.labels(model, version))
         self._in_flight: dict[asyncio.Task[None], list[Request]] = {}  # running batches
         self._fatal: BaseException | None = None  # what killed a batch and so the loop
+        self._dead = threading.Event()  # set in a runner's thread by such a run: nothing staged runs after it
+        self._began: set[int] = set()  # the batches (ids) whose run began in their runner's thread
         self._wake = asyncio.Event()  # set on every change that can make a batch due
         self._executors = [
             ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"run-{self.name}-{i}")
@@ -176,6 +179,7 @@ class Batcher:
     async def start(self) -> None:
         """Start the batching loop on the running event loop."""
         if not self.running:
+            self._dead.clear()
             self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def stop(self) -> None:
@@ -250,7 +254,7 @@ class Batcher:
                 batch = drop_expired(self.name, batch, self.clock.now())
                 if not batch:
                     continue
-                self._record_release(batch, reason)
+                log_release(self.name, batch, reason, self.clock.now(), self._queue.queued)
                 runner = self._pool.stage() if staged else self._pool.take(len(batch), self._queue.queued)
                 task = asyncio.create_task(self._run_batch(runner, batch, reason), name=f"batch-{self.name}-{runner}")
                 self._in_flight[task] = batch
@@ -270,29 +274,41 @@ class Batcher:
         loop = asyncio.get_running_loop()
         try:
             computed = await loop.run_in_executor(self._executors[runner], self._compute, runner, batch)
-            started, kept, dropped, rows = computed
-            drop_expired(self.name, dropped, self.clock.now())  # (the expired get their 504)
-            if isinstance(rows, Exception):
-                raise rows
-        except Exception as exc:  # this batch fails alone; the loop goes on
-            tracing.batch_ended(trace, exc)
-            self._fail(batch, exc)
-        else:
-            tracing.batch_ended(trace)
-            if kept:
-                self._answer(kept, rows, started, self.clock.now() - started)
+        except Exception as exc:  # its executor would not take it
+            computed = (self.clock.now(), batch, [], exc)
+        started, kept, dropped, rows = computed
+        self._began.discard(id(batch))
+        drop_expired(self.name, dropped, self.clock.now())  # (the expired get their 504)
+        if rows is None:  # never run: a run before it killed the loop
+            return fail_all(kept, self._stopped)
+        if kept:
+            self._series.release(len(kept), reason)  # counted as it ran (a staged batch may have emptied)
+        tracing.batch_ended(trace, rows if isinstance(rows, Exception) else None)
+        if isinstance(rows, Exception):  # this batch fails alone; the loop goes on
+            detail = run_failed(self.name, len(kept), rows).detail
+            fail_all(kept, lambda: InferenceFailed(detail))
+        elif kept:
+            self._answer(kept, rows, started, self.clock.now() - started)
 
     def _compute(self, runner: int, batch: list[Request]) -> Computed:
         """In the runner's thread: the last check (a staged batch waited behind a run), stack, run, check, split.
         Returns (when it began, the requests run, those dropped, their rows or what the run raised)."""
         started = self.clock.now()
         kept, dropped = live(batch, started)
-        rows: list[dict[str, np.ndarray]] | Exception = []
+        if self._dead.is_set():
+            return started, kept, dropped, None
+        self._began.add(id(batch))
+        rows: list[dict[str, np.ndarray]] | Exception | None = []
         try:
             if kept:
                 rows = run_rows(self._runners[runner], self._buffers[runner], [r.x for r in kept], kept[0].bucket)
         except Exception as exc:
             rows = exc
+        except asyncio.CancelledError as exc:  # raised by the model, not a cancellation: a failed run
+            rows = RuntimeError(f"the run raised {exc!r}")
+        except BaseException:  # it kills the loop (_batch_done); nothing staged behind any runner runs now
+            self._dead.set()
+            raise
         return started, kept, dropped, rows
 
     def _batch_done(self, runner: int, task: asyncio.Task[None]) -> None:
@@ -347,15 +363,6 @@ class Batcher:
             return IDLE
         return None
 
-    def _record_release(self, batch: list[Request], reason: str) -> None:
-        self._series.release(len(batch), reason)
-        if log.isEnabledFor(logging.DEBUG):
-            waited = self.clock.now() - batch[0].enqueued
-            log.debug(
-                "model %s: batch of %d released (%s); its oldest request waited %.3f ms, %d still queued",
-                self.name, len(batch), reason, waited * 1e3, self._queue.queued,
-            )  # fmt: skip
-
     def _answer(self, batch: list[Request], rows: list[dict[str, np.ndarray]], started: float, compute: float) -> None:
         self._series.compute.observe(compute)
         for request, row in zip(batch, rows, strict=True):
@@ -363,12 +370,6 @@ class Batcher:
             self._series.queue.observe(queued_for)
             if not request.future.done():
                 request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
-
-    def _fail(self, batch: list[Request], exc: Exception) -> None:
-        error = run_failed(self.name, len(batch), exc)
-        for request in batch:
-            if not request.future.done():
-                request.future.set_exception(InferenceFailed(error.detail))
 
     # Deadlines, and the end of the loop.
 
@@ -382,14 +383,12 @@ class Batcher:
 
     def _answer_everyone_left(self, in_flight_error: ProblemError) -> None:
         """The loop is ending: answer the batches it was running and every queued request."""
+        self._dead.set()  # a batch staged behind a run never begins now (_compute)
         for task, batch in self._in_flight.items():
             task.cancel()  # a run in progress ends on its own, in its thread; nobody waits for it
-            for request in batch:
-                if not request.future.done():
-                    request.future.set_exception(in_flight_error)
+            fail_all(batch, self._stopped if id(batch) not in self._began else lambda: in_flight_error)
         self._in_flight = {}
-        for request in self._queue.drain():
-            if not request.future.done():
-                request.future.set_exception(
-                    Unavailable(f"model {self.name}: its batching loop stopped before this request ran; see /readyz")
-                )
+        fail_all(self._queue.drain(), self._stopped)
+
+    def _stopped(self) -> Unavailable:
+        return Unavailable(f"model {self.name}: its batching loop stopped before this request ran; see /readyz")

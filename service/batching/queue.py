@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,22 @@ def drop_expired(name: str, batch: list[Request], now: float) -> list[Request]:
     if dropped:
         log.debug("model %s: dropped %d expired or cancelled request(s)", name, len(dropped))
     return kept
+
+
+def fail_all(requests: list[Request], error: Callable[[], BaseException]) -> None:
+    """Each request not answered yet (nor cancelled) gets an exception of its own, ``error()``."""
+    for request in requests:
+        if not request.future.done():
+            request.future.set_exception(error())
+
+
+def log_release(name: str, batch: list[Request], reason: str, now: float, queued: int) -> None:
+    """The debug log line of a batch released for ``reason`` at ``now``, ``queued`` requests left behind."""
+    if log.isEnabledFor(logging.DEBUG):
+        log.debug(
+            "model %s: batch of %d released (%s); its oldest request waited %.3f ms, %d still queued",
+            name, len(batch), reason, (now - batch[0].enqueued) * 1e3, queued,
+        )  # fmt: skip
 
 
 class RequestQueue:

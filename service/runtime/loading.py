@@ -225,6 +225,7 @@ class Loader:
             return plan, wide
         why = f"a lone run took {widened * 1e3:.3f} ms on it and {alone * 1e3:.3f} ms on one instance"
         log.info("model %s version %d: no wide session: %s", name, version, why)
+        wide.close()
         return plan.without_wide(why), None
 
     @staticmethod

@@ -12,11 +12,12 @@ import threading
 
 import numpy as np
 import pytest
+from prometheus_client import REGISTRY
 
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
 from service.batching.runners import RunnerPool
-from service.core.errors import DeadlineExceeded
+from service.core.errors import DeadlineExceeded, InferenceFailed, Unavailable
 from tests.service.batching.fakes import (
     HANG_GUARD,
     FakeModel,
@@ -177,3 +178,56 @@ async def test_with_two_instances_each_takes_one_batch_behind_it_and_the_rest_wa
         first.gate.set()
         assert ids(await result(asyncio.gather(futures[0], futures[2]))) == [0, 2]
         assert first.batches == [[0], [2]]
+
+
+# Found by a review of the first version (each failed on it).
+
+
+class LoopKiller(BaseException):
+    """Not an Exception: a run raising it kills the batching loop."""
+
+
+async def test_after_a_run_kills_the_loop_the_batch_staged_behind_it_never_runs_and_gets_503() -> None:
+    model, clock = FakeModel(), ManualClock()
+    async with running(model, clock, max_batch_size=1) as batcher:
+        model.fail_with = LoopKiller()
+        async with busy_runner(batcher, model) as plug:
+            staged = asyncio.ensure_future(batcher.submit(item(1)))
+            await settle()
+            assert batcher.staged_batches == 1
+        outcomes = await result(asyncio.gather(plug, staged, return_exceptions=True))
+        await until(lambda: not batcher.running)
+    assert model.batches == [[99]]  # the thread did not go on to the staged batch
+    assert isinstance(outcomes[0], InferenceFailed) and isinstance(outcomes[1], Unavailable)
+    assert "stopped before this request ran" in outcomes[1].detail
+
+
+def batch_size_count(batcher: Batcher) -> float:
+    model, version = batcher.name.split("/")
+    labels = {"model": model, "version": version}
+    return REGISTRY.get_sample_value("patchserve_batch_size_count", labels) or 0.0
+
+
+async def test_a_staged_batch_emptied_by_the_last_check_is_not_counted_as_a_batch() -> None:
+    model, clock = FakeModel(), ManualClock()
+    async with running(model, clock, max_batch_size=1) as batcher:
+        async with busy_runner(batcher, model) as plug:
+            gone = asyncio.ensure_future(batcher.submit(item(1)))
+            await settle()
+            gone.cancel()
+            late = asyncio.ensure_future(batcher.submit(item(2), deadline=0.25))  # queued: one behind already
+            await settle()
+            clock.jump(0.5)
+        answers = await result(asyncio.gather(plug, late, return_exceptions=True))
+        assert ids([answers[0]]) == [99] and isinstance(answers[1], DeadlineExceeded)
+        assert model.batches == [[99]]
+        assert released(batcher)["size"] == 1 and batch_size_count(batcher) == 1  # the one that ran
+
+
+async def test_a_run_raising_cancelled_error_is_a_failed_run_not_a_request_left_unanswered() -> None:
+    model, clock = FakeModel(), ManualClock()  # (this hung before staging too: the task ended as cancelled)
+    async with running(model, clock, max_batch_size=1) as batcher:
+        model.fail_with = asyncio.CancelledError()
+        with pytest.raises(InferenceFailed, match="CancelledError"):
+            await result(batcher.submit(item(1)))
+        assert ids([await result(batcher.submit(item(2)))]) == [2]  # the loop goes on
