@@ -180,6 +180,7 @@ class Batcher:
         """Start the batching loop on the running event loop."""
         if not self.running:
             self._dead.clear()
+            self._began.clear()
             self._task = asyncio.create_task(self._loop(), name=f"batcher-{self.name}")
 
     async def stop(self) -> None:
@@ -279,11 +280,11 @@ class Batcher:
         started, kept, dropped, rows = computed
         self._began.discard(id(batch))
         drop_expired(self.name, dropped, self.clock.now())  # (the expired get their 504)
+        tracing.batch_ended(trace, rows if isinstance(rows, Exception) else None)
         if rows is None:  # never run: a run before it killed the loop
             return fail_all(kept, self._stopped)
         if kept:
             self._series.release(len(kept), reason)  # counted as it ran (a staged batch may have emptied)
-        tracing.batch_ended(trace, rows if isinstance(rows, Exception) else None)
         if isinstance(rows, Exception):  # this batch fails alone; the loop goes on
             detail = run_failed(self.name, len(kept), rows).detail
             fail_all(kept, lambda: InferenceFailed(detail))
