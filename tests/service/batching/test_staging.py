@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
 
 import numpy as np
 import pytest
@@ -35,6 +38,26 @@ from tests.service.batching.fakes import (
 )
 
 pytestmark = pytest.mark.anyio
+
+
+@dataclass
+class Staged:
+    batcher: Batcher
+    model: FakeModel
+    clock: ManualClock
+    plug: asyncio.Future  # request 99, running
+    staged: asyncio.Future  # the request staged behind it
+
+
+@asynccontextmanager
+async def staged_behind_plug(ident: int = 1, **submit: float) -> AsyncIterator[Staged]:
+    """One runner (max_batch_size 1) busy with the plug until the block ends, request ``ident`` staged behind it."""
+    model, clock = FakeModel(), ManualClock()
+    async with running(model, clock, max_batch_size=1) as batcher, busy_runner(batcher, model) as plug:
+        staged = asyncio.ensure_future(batcher.submit(item(ident), **submit))
+        await settle()
+        assert batcher.staged_batches == 1 and batcher.queued == 0
+        yield Staged(batcher, model, clock, plug, staged)
 
 
 def test_room_behind_only_when_no_instance_is_idle_and_one_runs_a_single_batch() -> None:
@@ -117,45 +140,32 @@ async def test_a_batch_that_could_still_grow_waits_for_an_idle_runner_instead() 
 
 
 async def test_a_staged_batch_is_queued_until_its_run_begins() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, max_batch_size=1) as batcher:
-        async with busy_runner(batcher, model) as plug:
-            staged = asyncio.ensure_future(batcher.submit(item(1)))
-            await settle()
-            assert batcher.staged_batches == 1
-            clock.advance(0.25)  # the plug runs on
-        answers = await result(asyncio.gather(plug, staged))
-        assert answers[1].queue_seconds == pytest.approx(0.25)  # waited until the plug's run ended
-        assert answers[1].compute_seconds == 0.0
+    async with staged_behind_plug() as s:
+        s.clock.advance(0.25)  # the plug runs on
+        s.model.gate.set()
+        answers = await result(asyncio.gather(s.plug, s.staged))
+    assert answers[1].queue_seconds == pytest.approx(0.25)  # waited until the plug's run ended
+    assert answers[1].compute_seconds == 0.0
 
 
 async def test_a_staged_request_whose_client_left_is_never_run() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, max_batch_size=1) as batcher:
-        async with busy_runner(batcher, model) as plug:
-            gone = asyncio.ensure_future(batcher.submit(item(1)))
-            await settle()
-            assert batcher.staged_batches == 1
-            gone.cancel()
-            later = asyncio.ensure_future(batcher.submit(item(2)))  # queued: the runner has one behind it
-            await settle()
-            assert batcher.queued == 1
-        assert ids(await result(asyncio.gather(plug, later))) == [99, 2]  # the staged job ended before it
-        assert model.batches == [[99], [2]]
-        assert gone.cancelled()
+    async with staged_behind_plug() as s:
+        s.staged.cancel()
+        later = asyncio.ensure_future(s.batcher.submit(item(2)))  # queued: the runner has one behind it
+        await settle()
+        assert s.batcher.queued == 1
+        s.model.gate.set()
+        assert ids(await result(asyncio.gather(s.plug, later))) == [99, 2]  # the staged job ended before it
+    assert s.model.batches == [[99], [2]] and s.staged.cancelled()
 
 
 async def test_a_staged_request_past_its_deadline_when_its_run_begins_gets_504_and_is_not_run() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, max_batch_size=1) as batcher:
-        async with busy_runner(batcher, model) as plug:
-            late = asyncio.ensure_future(batcher.submit(item(1), deadline=0.25))
-            await settle()
-            assert batcher.staged_batches == 1
-            clock.jump(0.5)  # past its deadline while it waits behind the plug; no timer takes it back
-        answers = await result(asyncio.gather(plug, late, return_exceptions=True))
-        assert ids([answers[0]]) == [99] and isinstance(answers[1], DeadlineExceeded)
-        assert model.batches == [[99]]
+    async with staged_behind_plug(deadline=0.25) as s:
+        s.clock.jump(0.5)  # past its deadline while it waits behind the plug; no timer takes it back
+        s.model.gate.set()
+        answers = await result(asyncio.gather(s.plug, s.staged, return_exceptions=True))
+    assert ids([answers[0]]) == [99] and isinstance(answers[1], DeadlineExceeded)
+    assert s.model.batches == [[99]]
 
 
 async def test_with_two_instances_each_takes_one_batch_behind_it_and_the_rest_wait() -> None:
@@ -169,9 +179,8 @@ async def test_with_two_instances_each_takes_one_batch_behind_it_and_the_rest_wa
         await until(lambda: len(second.batches) == 1)
         futures += [asyncio.ensure_future(batcher.submit(item(i))) for i in (2, 3, 4)]
         await settle()
-        assert (
-            batcher.staged_batches == 2 and batcher.queued == 1
-        )  # 2 behind the first (oldest run), 3 behind the second
+        # 2 waits behind the first instance (the older run), 3 behind the second; 4 is queued
+        assert batcher.staged_batches == 2 and batcher.queued == 1
         second.gate.set()
         assert ids(await result(asyncio.gather(futures[1], futures[3], futures[4]))) == [1, 3, 4]
         assert second.batches == [[1], [3], [4]]  # 4 went to the instance that came free
@@ -188,16 +197,12 @@ class LoopKiller(BaseException):
 
 
 async def test_after_a_run_kills_the_loop_the_batch_staged_behind_it_never_runs_and_gets_503() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, max_batch_size=1) as batcher:
-        model.fail_with = LoopKiller()
-        async with busy_runner(batcher, model) as plug:
-            staged = asyncio.ensure_future(batcher.submit(item(1)))
-            await settle()
-            assert batcher.staged_batches == 1
-        outcomes = await result(asyncio.gather(plug, staged, return_exceptions=True))
-        await until(lambda: not batcher.running)
-    assert model.batches == [[99]]  # the thread did not go on to the staged batch
+    async with staged_behind_plug() as s:
+        s.model.fail_with = LoopKiller()  # the plug's run raises it once the gate opens
+        s.model.gate.set()
+        outcomes = await result(asyncio.gather(s.plug, s.staged, return_exceptions=True))
+        await until(lambda: not s.batcher.running)
+    assert s.model.batches == [[99]]  # the thread did not go on to the staged batch
     assert isinstance(outcomes[0], InferenceFailed) and isinstance(outcomes[1], Unavailable)
     assert "stopped before this request ran" in outcomes[1].detail
 
@@ -209,19 +214,16 @@ def batch_size_count(batcher: Batcher) -> float:
 
 
 async def test_a_staged_batch_emptied_by_the_last_check_is_not_counted_as_a_batch() -> None:
-    model, clock = FakeModel(), ManualClock()
-    async with running(model, clock, max_batch_size=1) as batcher:
-        async with busy_runner(batcher, model) as plug:
-            gone = asyncio.ensure_future(batcher.submit(item(1)))
-            await settle()
-            gone.cancel()
-            late = asyncio.ensure_future(batcher.submit(item(2), deadline=0.25))  # queued: one behind already
-            await settle()
-            clock.jump(0.5)
-        answers = await result(asyncio.gather(plug, late, return_exceptions=True))
+    async with staged_behind_plug() as s:
+        s.staged.cancel()
+        late = asyncio.ensure_future(s.batcher.submit(item(2), deadline=0.25))  # queued: one behind already
+        await settle()
+        s.clock.jump(0.5)
+        s.model.gate.set()
+        answers = await result(asyncio.gather(s.plug, late, return_exceptions=True))
         assert ids([answers[0]]) == [99] and isinstance(answers[1], DeadlineExceeded)
-        assert model.batches == [[99]]
-        assert released(batcher)["size"] == 1 and batch_size_count(batcher) == 1  # the one that ran
+        assert s.model.batches == [[99]]
+        assert released(s.batcher)["size"] == 1 and batch_size_count(s.batcher) == 1  # the one that ran
 
 
 async def test_a_run_raising_cancelled_error_is_a_failed_run_not_a_request_left_unanswered() -> None:
