@@ -19,8 +19,7 @@ the event loop. Without it, a runner whose batch ends waits idle until the loop,
 waiting for a core beside the decoders, has answered that batch and handed over the next: on 2
 cores at concurrency 16 the runner threads were idle 5 % of the run that way, and the CPU 8 %
 (``python -m bench.profile``'s scheduler table, docs/performance.md). One batch at most waits
-behind each instance, and only a full one, so a batch that could still grow is never sent early
-(Triton's dynamic batcher, likewise, prepares the next batch while the instance computes).
+behind each instance, and only a full one, so a batch that could still grow is never sent early.
 """
 
 from __future__ import annotations
