@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
+import time
+from collections.abc import Awaitable, Mapping
 from typing import Annotated, TypeVar
 
 from fastapi import Header, Query, Request
+from starlette.types import Receive
 
-from service.core.errors import ClientDisconnected, DeadlineExceeded
+from service.core.errors import BodyTimeout, ClientDisconnected, DeadlineExceeded
 from service.http.problems import request_id
 
 log = logging.getLogger(__name__)
@@ -25,6 +27,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 TIMEOUT_HEADER = "X-Request-Timeout"
+DRAIN_SECONDS = 5.0  # most time spent reading a body that will not be used before answering its request
 
 
 async def requested_timeout(  # async: a plain def dependency would run in FastAPI's thread pool
@@ -86,17 +89,62 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     raise ClientDisconnected("the client disconnected before the response was ready")
 
 
-async def body_by_deadline(read: Awaitable[T], seconds_left: float) -> T:
+async def drain_body(receive: Receive, headers: Mapping[bytes, bytes], max_bytes: int, seconds: float) -> bool:
+    """Read and drop the rest of a request's body (never kept: one chunk at a time); whether all of it was read.
+
+    Sent before a refusal: a client that writes its whole body before reading its answer (most
+    HTTP libraries) would otherwise get a TCP reset, the kernel's answer to a socket closed with
+    unread data, instead of the answer (nginx's "lingering close" for the same reason). Nothing is
+    read, and the answer goes at once, for a client waiting for ``100 Continue`` or a declared
+    ``Content-Length`` over ``max_bytes``; reading stops at ``max_bytes``, after ``seconds``, or
+    when the client goes away.
+
+    Args:
+        receive: the request's ASGI receive channel, its body partly read or not at all.
+        headers: the request's headers, lower-case names.
+    """
+    if b"100-continue" in headers.get(b"expect", b"").lower():
+        return False  # the client sends no body until told to: answer now
+    declared = headers.get(b"content-length", b"")
+    if declared.isdigit() and int(declared) > max_bytes:
+        return False
+    deadline = time.monotonic() + seconds
+    read = 0
+    while True:
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                message = await receive()
+        except (TimeoutError, BodyTimeout):
+            return False
+        if message["type"] != "http.request":
+            return False  # the client went away
+        read += len(message.get("body", b""))
+        if read > max_bytes:
+            return False
+        if not message.get("more_body", False):
+            return True
+
+
+async def body_by_deadline(
+    read: Awaitable[T], seconds_left: float, request: Request | None = None, max_bytes: int = 0
+) -> T:
     """Await ``read`` (the reading of a request's body) for at most ``seconds_left`` seconds.
+
+    Args:
+        request: the request whose body ``read`` reads; when its deadline passes first, the rest
+            of its body (at most ``max_bytes``) is read and dropped before the 504 is sent
+            (:func:`drain_body`), so that a client writing its whole body first reads the 504.
 
     Raises:
         DeadlineExceeded: the request's deadline passed while its body was still arriving (504,
-            ``Connection: close``: the rest of the body is never read).
+            ``Connection: close``).
     """
     try:
         async with asyncio.timeout(max(seconds_left, 0.0)):  # 3.11's timeout re-raises an outside cancellation
             return await read
     except TimeoutError:
+        if request is not None and request.scope.get("state", {}).get("body_done") is False:
+            await drain_body(request.receive, dict(request.scope["headers"]), max_bytes, DRAIN_SECONDS)
         raise DeadlineExceeded(
             "the request's deadline passed while its body was still arriving; send it faster, or give it a "
             "longer timeout (?timeout=, X-Request-Timeout, up to PATCHSERVE_REQUEST_TIMEOUT)",

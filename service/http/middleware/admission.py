@@ -31,10 +31,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core.errors import BodyTimeout, Unavailable
 from service.http import accounting
+from service.http.lifetime import DRAIN_SECONDS, drain_body
 from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
-DRAIN_SECONDS = 5.0  # most time spent reading a refused request's body before answering it
 # Reads are bounded with asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for with a timeout
 # of 0 cancels a read before it runs (a body that had long arrived got a 408 when the app reached it
 # late), and wait_for can swallow a cancellation that arrives as the read completes, losing an outer
@@ -80,7 +80,7 @@ class AdmissionMiddleware:
             return
         self.in_flight += 1
         try:
-            await self.app(scope, self._with_deadline(receive), send)
+            await self.app(scope, self._with_deadline(receive, scope.setdefault("state", {})), send)
         finally:
             self.in_flight -= 1
 
@@ -102,31 +102,17 @@ class AdmissionMiddleware:
     async def _drain(self, scope: Scope, receive: Receive) -> bool:
         """Read and drop a refused request's body, within bounds; whether all of it was read."""
         headers = dict(scope.get("headers", []))
-        if b"100-continue" in headers.get(b"expect", b"").lower():
-            return False  # the client sends no body until told to: answer now
-        declared = headers.get(b"content-length", b"")
-        if declared.isdigit() and int(declared) > self.drain_bytes:
-            return False
-        deadline = time.monotonic() + min(DRAIN_SECONDS, self.body_timeout)
-        read = 0
-        while True:
-            try:
-                async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                    message = await receive()
-            except TimeoutError:
-                return False
-            if message["type"] != "http.request":
-                return False  # the client went away
-            read += len(message.get("body", b""))
-            if read > self.drain_bytes:
-                return False
-            if not message.get("more_body", False):
-                return True
+        return await drain_body(receive, headers, self.drain_bytes, min(DRAIN_SECONDS, self.body_timeout))
 
-    def _with_deadline(self, receive: Receive) -> Receive:
-        """``receive`` that raises :class:`BodyTimeout` once the body is late; unbounded after it."""
+    def _with_deadline(self, receive: Receive, state: dict[str, Any] | None = None) -> Receive:
+        """``receive`` that raises :class:`BodyTimeout` once the body is late; unbounded after it.
+
+        ``state["body_done"]`` (the request's state) says whether the whole body has been received.
+        """
         deadline = time.monotonic() + self.body_timeout
         body_done = False
+        state = {} if state is None else state
+        state["body_done"] = False
 
         async def receive_before_deadline() -> Message:
             nonlocal body_done
@@ -141,6 +127,7 @@ class AdmissionMiddleware:
                     headers={"Connection": "close"},
                 ) from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
+            state["body_done"] = body_done
             return message
 
         return receive_before_deadline

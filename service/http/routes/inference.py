@@ -151,6 +151,8 @@ async def serve(
                 max_parts=settings.max_multipart_parts,
             ),
             deadline - model.batcher.clock.now(),
+            request,
+            settings.max_body_bytes,
         )
         # after the body: a client that writes all of it before reading gets this answer, not a reset
         if task.picture_help is None and request.query_params.get("render", "json") != "json":

@@ -281,7 +281,12 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
         arrived = model.batcher.clock.now()
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         settings = state.settings
-        body = await body_by_deadline(read_body(request, settings.max_body_bytes), deadline - model.batcher.clock.now())
+        body = await body_by_deadline(
+            read_body(request, settings.max_body_bytes),
+            deadline - model.batcher.clock.now(),
+            request,
+            settings.max_body_bytes,
+        )
         body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
         parse_started = time.perf_counter()
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH))

@@ -151,15 +151,50 @@ async def test_a_refused_body_that_does_not_come_or_waits_for_100_continue_gets_
 
 
 @pytest.mark.parametrize("path", [CLASSIFY, "/v2/models/vit-digits/infer"])
-async def test_a_body_still_arriving_at_the_request_deadline_is_a_504_at_the_deadline(path: str) -> None:
+async def test_a_body_still_arriving_at_the_request_deadline_is_a_504_at_the_deadline(path: str, monkeypatch) -> None:
     # Found by fresh users: a 40 s trickle upload was told "...while this image was being decoded";
     # then one whose body never came got the 408 of the 60 s body timeout, not its own 0.05 s deadline.
+    from service.http import lifetime
+
+    monkeypatch.setattr(lifetime, "DRAIN_SECONDS", 0.05)  # its body never comes: the drain gives up
     async with running_app() as client:
         late = HeldRequest(client.app, path, headers=[(b"x-request-timeout", b"0.05")])  # never released
         await asyncio.wait_for(late.task, 30)  # the 60 s body timeout would fail this wait
     assert late.status == 504 and late.headers["connection"] == "close"
     detail = late.body["detail"] if path == CLASSIFY else late.body["error"]
     assert "deadline passed while its body was still arriving" in detail
+
+
+@pytest.mark.parametrize("path", [CLASSIFY, "/v2/models/vit-digits/infer"])
+async def test_the_504_of_a_late_body_is_sent_once_the_rest_of_the_body_is_read(path: str) -> None:
+    # Found by a fresh user under load (128 clients, X-Request-Timeout 1-50 ms): the 504 went out and
+    # the connection was closed with the body unread, so the kernel answered with a TCP reset and
+    # clients that write their whole body before reading (httpx, raw sockets) never saw the 504.
+    rest, reads, sent = asyncio.Event(), [], []
+
+    async def receive() -> dict:
+        reads.append(len(reads))
+        if len(reads) == 1:
+            return {"type": "http.request", "body": DIGIT_7[:100], "more_body": True}
+        if len(reads) == 2:
+            await rest.wait()
+            return {"type": "http.request", "body": DIGIT_7[100:], "more_body": False}
+        await asyncio.Event().wait()  # after the body: a disconnect that never comes
+        return {}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    async with running_app() as client:
+        scope = asgi_post(path, DIGIT_7, [(b"x-request-timeout", b"0.05")])
+        task = asyncio.create_task(client.app(scope, receive, send))
+        await asyncio.sleep(0.5)  # well past the deadline: the rest of the body is awaited (up to 5 s) first
+        assert sent == [] and len(reads) >= 2
+        rest.set()
+        await asyncio.wait_for(task, 10)
+    start = sent[0]
+    assert start["type"] == "http.response.start" and start["status"] == 504
+    assert (b"connection", b"close") in start["headers"]
 
 
 async def test_a_chunk_arriving_with_the_request_deadline_does_not_lose_the_deadline() -> None:
