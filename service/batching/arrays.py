@@ -141,6 +141,19 @@ def run_arguments(
     return pad_inputs(inputs, batch, buffers.get(bucket, np.dtype(np.int64), len(inputs)))
 
 
+def blank_arguments(shape: tuple[int, int, int], batch_size: int, masked: bool) -> tuple[np.ndarray, ...]:
+    """A runner's arguments for a batch of zeros (warm-up, timing): ``(batch,)``, or ``(batch, mask)``.
+
+    Args:
+        shape: one float32 input (C, H, W): the model's, or one of its padding buckets'.
+        batch_size: B.
+        masked: the graph takes an int64 (B, H, W) pixel mask (inputs padded to buckets); all ones.
+    """
+    c, h, w = shape
+    batch = np.zeros((batch_size, c, h, w), dtype=np.float32)
+    return (batch, np.ones((batch_size, h, w), dtype=np.int64)) if masked else (batch,)
+
+
 def run_rows(
     run: Callable[..., Mapping[str, np.ndarray]],
     buffers: BatchBuffers,

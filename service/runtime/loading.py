@@ -20,8 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-
+from service.batching.arrays import blank_arguments
 from service.batching.batcher import Batcher
 from service.batching.config import BatchingConfig
 from service.core.errors import RepositoryError
@@ -218,9 +217,7 @@ class Loader:
         buckets = pre.spec.buckets
         if buckets:
             h, w = buckets[0].height, buckets[0].width
-        x = np.zeros((1, c, h, w), dtype=np.float32)
-        args: tuple[np.ndarray, ...] = (x, np.ones((1, h, w), dtype=np.int64)) if buckets else (x,)
-        alone, widened = self.lone_timer(instance.run, wide.run, args)
+        alone, widened = self.lone_timer(instance.run, wide.run, blank_arguments((c, h, w), 1, bool(buckets)))
         if wide_pays(alone, widened):
             return plan, wide
         why = f"a lone run took {widened * 1e3:.3f} ms on it and {alone * 1e3:.3f} ms on one instance"

@@ -22,9 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from service import tasks
+from service.batching.arrays import blank_arguments
 from service.batching.batcher import Batcher
 from service.core.errors import ModelNotFound, RepositoryError
 from service.imaging.preprocess import Preprocessor
@@ -96,11 +95,7 @@ class ModelVersion:
         for runner, largest in runs:
             for height, width in shapes:  # every bucket, at every batch size (issue 18: no first-run cost)
                 for batch_size in range(1, largest + 1):
-                    x = np.zeros((batch_size, c, height, width), dtype=np.float32)
-                    if buckets:
-                        runner.run(x, np.ones((batch_size, height, width), dtype=np.int64))
-                    else:
-                        runner.run(x)
+                    runner.run(*blank_arguments((c, height, width), batch_size, bool(buckets)))
         self.warm_up_seconds = time.perf_counter() - started
         log.info(
             "%s/%s warmed up in %.2f s (%d shape(s) x batch 1-%d)",
