@@ -26,7 +26,7 @@ def test_two_runs_average_into_an_exportable_checkpoint_and_other_models_are_ref
     train(tmp_path / "a", arch="vit", seed=0, **small)
     train(tmp_path / "b", arch="vit", seed=1, **small)
     paths = [tmp_path / "a" / "checkpoint.pt", tmp_path / "b" / "checkpoint.pt"]
-    metrics = average(paths, tmp_path / "swa", data=path, limit_per_class=4)
+    metrics = average(paths, tmp_path / "swa", erase=0.25, data=path, limit_per_class=4)
 
     sources = [torch.load(p, weights_only=False)["state_dict"] for p in paths]
     averaged = torch.load(tmp_path / "swa" / "checkpoint.pt", weights_only=False)
@@ -44,7 +44,9 @@ def test_two_runs_average_into_an_exportable_checkpoint_and_other_models_are_ref
     ]
     assert metrics["epochs"] == 2 and 0.0 <= metrics["test_accuracy"] <= 1.0
     # both runs' commands, then the averaging
-    assert averaged["recipe"].count("; then ") == 2 and averaged["recipe"].endswith(f"--out {tmp_path / 'swa'}")
+    assert averaged["recipe"].count("; then ") == 2
+    assert averaged["recipe"].endswith(f"--out {tmp_path / 'swa'} --erase 0.25")
+    assert metrics["batchnorm_augmentation"] == {"crop_padding": 4, "flip": True, "erase": 0.25}
     manifest = export_checkpoint(tmp_path / "swa" / "checkpoint.pt", tmp_path / "repo" / "1", opset=18)
     assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
 
@@ -54,3 +56,22 @@ def test_two_runs_average_into_an_exportable_checkpoint_and_other_models_are_ref
         average([paths[0], tmp_path / "other.pt"], tmp_path / "bad", data=path, limit_per_class=4)
     with pytest.raises(ValueError, match="at least two"):
         average(paths[:1], tmp_path / "bad", data=path, limit_per_class=4)
+
+
+def test_batchnorm_is_re_estimated_on_batches_augmented_as_the_runs_trained() -> None:
+    from torch import nn
+
+    from models.average_checkpoints import update_batchnorm
+
+    images = torch.full((64, 3, 8, 8), 153, dtype=torch.uint8)  # (153 / 255 - 0.5) / 0.25 = 0.4
+    mean, std = torch.full((1, 3, 1, 1), 0.5), torch.full((1, 3, 1, 1), 0.25)
+    clean = nn.Sequential(nn.BatchNorm2d(3))
+    assert update_batchnorm(clean, images, mean, std, batch_size=16) == 1
+    # crop (reflect padding) and flip keep a uniform image uniform
+    assert torch.allclose(clean[0].running_mean, torch.full((3,), 0.4), atol=1e-5)
+    assert float(clean[0].running_var.max()) < 1e-6
+    # random erasing puts N(0, 1) noise in a rectangle of every image: its statistics see it
+    erased = nn.Sequential(nn.BatchNorm2d(3))
+    update_batchnorm(erased, images, mean, std, batch_size=16, erase=1.0)
+    assert float(erased[0].running_var.min()) > 0.02
+    assert not erased.training
