@@ -24,6 +24,7 @@ from python_multipart.multipart import MultipartParser, MultipartState, parse_op
 from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
+from service.core.json_bounds import V1_CONTAINERS, check_containers
 from service.http.openapi import DIGIT_PNG_BASE64
 
 if TYPE_CHECKING:
@@ -246,6 +247,7 @@ _BASE64_SPACE = ("\n", "\r", " ", "\t")
 
 
 def _json_images(body: bytes, max_images: int) -> list[bytes]:
+    check_containers(body, V1_CONTAINERS, 'a JSON body is {"images": ["<base64>", ...]}')
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

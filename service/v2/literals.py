@@ -17,6 +17,7 @@ import numpy as np
 import orjson
 
 from service.core.errors import BadRequest
+from service.core.json_bounds import V2_CONTAINERS, check_containers
 
 _NON_FINITE = re.compile(rb"NaN|Infinity")
 
@@ -39,8 +40,15 @@ def load_json(header: bytes, *, binary_hint: bool = False) -> Any:
         The parsed document, non-finite literals as Python floats.
 
     Raises:
-        BadRequest: not JSON, even with those literals (400).
+        BadRequest: not JSON, even with those literals, or more arrays and objects than
+            :data:`~service.core.json_bounds.V2_CONTAINERS`, counted before parsing (400).
     """
+    check_containers(
+        header,
+        V2_CONTAINERS,
+        "send each input's data as one flat array in row-major order (as tritonclient does), or as binary "
+        "data (Inference-Header-Content-Length)",
+    )
     try:
         return orjson.loads(header)
     except orjson.JSONDecodeError as exc:

@@ -21,6 +21,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from service.core.errors import BadRequest, Forbidden, Unavailable
+from service.core.json_bounds import CONTROL_CONTAINERS, check_containers
 from service.http.deps import State
 from service.http.routes.v2 import ProtocolRoute
 from service.http.uploads import read_body
@@ -54,6 +55,7 @@ async def _parameters(request: Request, state: State) -> dict[str, Any]:
     body = await read_body(request, state.settings.max_body_bytes)
     if not body.strip():
         return {}
+    check_containers(body, CONTROL_CONTAINERS, 'the body is {"parameters": {...}}')
     try:
         data = json.loads(body)
     except ValueError as exc:
@@ -90,6 +92,7 @@ async def index(request: Request, state: State) -> list[dict[str, str]]:
     body = await read_body(request, state.settings.max_body_bytes)
     ready_only = False
     if body.strip():
+        check_containers(body, CONTROL_CONTAINERS, 'the body is {"ready": true} or empty')
         try:
             data = json.loads(body)
         except ValueError as exc:

@@ -613,3 +613,26 @@ async def test_an_input_with_both_json_data_and_binary_data_size_is_a_400() -> N
         only_binary = await client.post(INFER, content=binary_request(x)[0], headers=binary_request(x)[1])
     assert_error(response, 400, "input 'pixel_values' has both data and parameters.binary_data_size")
     assert only_binary.status_code == 200  # either alone is served
+
+
+def test_a_body_of_more_arrays_than_a_request_needs_is_refused_before_it_is_parsed(monkeypatch) -> None:
+    from service.core import json_bounds
+    from service.core.errors import BadRequest
+    from service.v2 import literals
+    from service.v2.protocol import parse_infer_request
+
+    nested = np.arange(2 * 3 * 4 * 5, dtype=np.float32).reshape(2, 3, 4, 5)  # 1 + 2 + 6 + 24 = 33 arrays
+    body = orjson.dumps({"inputs": [{"name": "x", "shape": [2, 3, 4, 5], "datatype": "FP32", "data": nested.tolist()}]})
+    own = body.count(b"[") + body.count(b"{")  # 33 for the data, 4 for the document (and the shape)
+    assert own == 37
+    monkeypatch.setattr(literals, "V2_CONTAINERS", own)  # at the limit: parsed
+    assert np.array_equal(parse_infer_request(body, None).inputs["x"], nested)
+
+    def no_parse(_: bytes) -> None:
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(literals.orjson, "loads", no_parse)
+    flood = b'{"inputs": [' + b"[]," * 40 + b"[]]}"
+    with pytest.raises(BadRequest, match=r"holds 43 arrays and objects, more than 37 allowed; send each input's data"):
+        parse_infer_request(flood, None)
+    assert json_bounds.V2_CONTAINERS == 65_536
