@@ -201,7 +201,12 @@ class Batcher:
         self._runners, self._buffers = [], []
 
     async def submit(
-        self, x: np.ndarray, *, deadline: float | None = None, bucket: tuple[int, int] | None = None
+        self,
+        x: np.ndarray,
+        *,
+        deadline: float | None = None,
+        bucket: tuple[int, int] | None = None,
+        whole: bool = False,
     ) -> InferenceResult:
         """Queue one input and wait for its row of the batch's outputs.
 
@@ -216,9 +221,10 @@ class Batcher:
                 bucket, whatever its own size, and the runner is called as ``run(batch, mask)``
                 with the int64 (B, H, W) pixel mask (:func:`pad_inputs`). None: ``x`` batches
                 with inputs of its own shape only, and ``run(batch)``.
+            whole: let in by :meth:`admit` with its request's other inputs: never refused for a full queue.
 
         Raises:
-            Unavailable: the queue is full, or the batching loop is not running (503, Retry-After).
+            Unavailable: the queue is full (unless ``whole``), or the batching loop is not running (503, Retry-After).
             DeadlineExceeded: the deadline passed before a batch took the input (504).
             InferenceFailed: the batch's run raised or returned the wrong number of rows (500).
         """
@@ -228,7 +234,7 @@ class Batcher:
         deadline = now + self.config.request_timeout if deadline is None else deadline
         if now >= deadline:
             raise DeadlineExceeded(f"model {self.name}: the request's deadline passed before it was queued")
-        if self._queue.queued >= self.config.queue_size:
+        if self._queue.queued >= self.config.queue_size and not whole:
             raise Unavailable(f"model {self.name}: the queue is full ({self.config.queue_size} waiting); retry shortly")
         request = Request(
             x, asyncio.get_running_loop().create_future(), now, deadline, trace=tracing.queued(), bucket=bucket
@@ -373,7 +379,6 @@ class Batcher:
                 request.future.set_result(InferenceResult(row, queued_for, compute, len(batch)))
 
     # Deadlines, and the end of the loop.
-
     def _expire(self, request: Request) -> None:
         """The deadline timer: a request still queued is answered 504 now and leaves the queue."""
         if not request.waiting:

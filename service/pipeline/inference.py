@@ -58,7 +58,7 @@ async def _submit(
         except ValueError as exc:  # the manifest's checks make this unreachable; a 413, never a 500
             raise PayloadTooLarge(f"the image's model input fits none of the model's padding buckets ({exc})") from None
         padding = observe_padding(model, x.shape[1], x.shape[2], bucket)
-        result = await model.batcher.submit(x, deadline=deadline, bucket=bucket)
+        result = await model.batcher.submit(x, deadline=deadline, bucket=bucket, whole=True)  # admitted just before
     except ProblemError as exc:
         return dataclasses.replace(outcome, error=exc)
     return dataclasses.replace(outcome, result=result, padding=padding)

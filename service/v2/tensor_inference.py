@@ -267,11 +267,13 @@ async def infer_tensors(
     if sizes is None:  # a graph without a mask: each row whole
         if -1 in dims(model.manifest.input.shape)[2:]:
             _checked_extent(model, x.shape[2], x.shape[3], f"input {model.manifest.input.name!r}")
-        submits = [model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline) for i in range(x.shape[0])]
+        submits = [
+            model.batcher.submit(np.ascontiguousarray(x[i]), deadline=deadline, whole=True) for i in range(x.shape[0])
+        ]
     else:  # each row's real pixels, padded again by the batcher to their bucket
         buckets = _row_buckets(model, sizes, x.shape[2], x.shape[3])
         submits = [
-            model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket)
+            model.batcher.submit(np.ascontiguousarray(x[i, :, :h, :w]), deadline=deadline, bucket=bucket, whole=True)
             for i, ((h, w), bucket) in enumerate(zip(sizes, buckets, strict=True))
         ]
     rows = await asyncio.gather(*submits, return_exceptions=True)

@@ -237,3 +237,22 @@ async def test_stop_answers_the_running_batch_and_the_queue_with_503() -> None:
     assert "stopped (server shutdown or version unloaded)" in plug.exception().detail
     assert isinstance(queued.exception(), Unavailable)
     assert model.batches == [[99]]
+
+
+@pytest.mark.parametrize("whole", [True, False])
+async def test_the_inputs_of_a_request_admitted_whole_are_never_refused_one_at_a_time(whole: bool) -> None:
+    # Found by a tester (queue_size 8, 32 clients of 3 images each): a 200 holding one image's 503.
+    # Between admit() and its inputs' submits another request's input can be queued first.
+    model, clock = FakeModel(), ManualClock()
+    async with running(model, clock, queue_size=3, max_batch_size=1) as batcher, busy_runner(batcher, model):
+        other = asyncio.ensure_future(batcher.submit(item(1)))  # queued before the three below start
+        batcher.admit(3)  # room for all three now
+        mine = asyncio.gather(*(batcher.submit(item(i), whole=whole) for i in (2, 3, 4)), return_exceptions=True)
+        await settle()
+        model.gate.set()
+        rows = await result(mine)
+        assert int((await result(other)).outputs["id"][0]) == 1
+    if whole:  # the queue held 4 of 3 for a moment: the request's last input was already admitted
+        assert ids(rows) == [2, 3, 4]
+    else:  # submit's own check, for inputs not admitted together
+        assert ids(rows[:2]) == [2, 3] and isinstance(rows[2], Unavailable)
