@@ -316,8 +316,11 @@ class ModelControl:
         await self.sync({name}, settled=False, force=True)
         if name in self.config_errors:
             raise BadRequest(f"failed to load {name!r}: {self.config_errors[name]}")
-        failed = {v: s.reason for v, s in self.states.get(name, {}).items() if s.failed}
-        if failed:
+        try:  # a failed version its policy leaves out is no failure of this load
+            selected = self.policy(name).select(self.states.get(name, {}))
+        except (OSError, ConfigError):  # the folder changed under the load: every failure counts
+            selected = set(self.states.get(name, {}))
+        if failed := {v: s.reason for v, s in self.states.get(name, {}).items() if s.failed and v in selected}:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
             raise BadRequest(f"failed to load {name!r}: {reasons}")
         if name not in self.repository.models:

@@ -396,3 +396,20 @@ async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
         proceed.set()
         assert (await loading).status_code == 200
         assert (await classify(client)).json()["version"] == "2"
+
+
+async def test_a_load_succeeds_when_only_versions_its_policy_leaves_out_fail(repository: Path) -> None:
+    # Found by a tester: "specific: [1]" beside a broken version 3 answered 400, yet took effect.
+    only_1 = {"parameters": {"config": json.dumps({"version_policy": {"specific": {"versions": [1]}}})}}
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
+        publish(repository, "vit-digits", 3, "bad-manifest")
+        refused = await client.post(LOAD)  # the config's policy, latest 1, selects the broken version 3
+        assert refused.status_code == 400 and "version 3:" in refused.json()["error"]
+        loaded = await client.post(LOAD, json=only_1)  # version 3 has failed, but this policy leaves it out
+        assert loaded.status_code == 200, loaded.text
+        assert (await classify(client)).json()["version"] == "1"
+        assert (await client.post(LOAD)).status_code == 400  # back to latest 1: version 3 again
+        assert (await classify(client)).json()["version"] == "1"
+        # a body is counted before it is parsed (service/core/json_bounds.py)
+        flood = await client.post(INDEX, content=b"[" + b"[]," * 100 + b"[]]")
+        assert flood.status_code == 400 and "102 arrays and objects, more than 64 allowed" in flood.json()["error"]
