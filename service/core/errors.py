@@ -13,6 +13,20 @@ PROBLEM_MEDIA_TYPE = "application/problem+json"
 TYPE_BASE = "urn:patchserve:problem:"
 
 
+MAX_DETAIL = 4096  # characters of an error's detail; the rest is cut (it may quote a client's strings)
+
+
+def shorten_detail(detail: str) -> str:
+    """``detail``, cut to :data:`MAX_DETAIL` characters and marked so when longer.
+
+    Details quote what the client sent (an input's name, a datatype, a header): a tester's 5 MB
+    input name came back as a 5 MB 400.
+    """
+    if len(detail) <= MAX_DETAIL:
+        return detail
+    return f"{detail[:MAX_DETAIL]}… (cut: the detail was {len(detail)} characters)"
+
+
 class RepositoryError(Exception):
     """The model repository cannot be served (layout, manifest, graph); stops start-up."""
 
@@ -26,6 +40,7 @@ class ProblemError(Exception):
     outcome: str = "error"  # the patchserve_requests_total outcome label
 
     def __init__(self, detail: str, *, headers: dict[str, str] | None = None) -> None:
+        detail = shorten_detail(detail)
         super().__init__(detail)
         self.detail = detail
         self.headers = headers or {}

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.core.errors import PROBLEM_MEDIA_TYPE, InvalidParameter, ProblemError
+from service.core.errors import PROBLEM_MEDIA_TYPE, InvalidParameter, ProblemError, shorten_detail
 from service.http import accounting
 from service.http.methods import not_allowed
 
@@ -42,7 +42,7 @@ def is_protocol_path(path: str) -> bool:
 
 def protocol_error_response(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """The Open Inference Protocol's error: ``{"error": message}`` with ``status`` (what tritonclient reads)."""
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    return JSONResponse({"error": shorten_detail(message)}, status_code=status, headers=headers)
 
 
 def error_response_for(path: str, error: ProblemError, instance: str | None = None) -> JSONResponse:

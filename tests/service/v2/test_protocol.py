@@ -636,3 +636,17 @@ def test_a_body_of_more_arrays_than_a_request_needs_is_refused_before_it_is_pars
     with pytest.raises(BadRequest, match=r"holds 43 arrays and objects, more than 37 allowed; send each input's data"):
         parse_infer_request(flood, None)
     assert json_bounds.V2_CONTAINERS == 65_536
+
+
+async def test_an_error_quoting_a_huge_client_string_is_cut() -> None:
+    # Found by a tester: a 5 MB input name came back as a 5 MB 400.
+    good = json_request(digit_tensor(DIGIT_7))
+    named = {"inputs": [{**good["inputs"][0], "name": "n" * 50_000}]}
+    async with running_app() as client:
+        refused = await client.post(INFER, json=named)
+        huge_top_k = "/v1/models/vit-digits/classify?top_k=" + "9" * 50_000
+        v1 = await client.post(huge_top_k, files={"image": ("a.png", DIGIT_7)})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and "n" * 4000 in error and len(error) < 4200
+    assert "… (cut: the detail was" in error
+    assert v1.status_code == 422 and len(v1.text) < 10_000, v1.text[:300]
