@@ -227,6 +227,10 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int, literal
     # Exclusive, as Triton's ValidateInputContentType has it: with both, which one the model ran on
     # would be the server's silent choice.
     _require(
+        "binary_data_size" not in parameters or size is not None,
+        f"input {name!r}: binary_data_size is null; give its binary data's size in bytes, or leave it out",
+    )
+    _require(
         "binary_data_size" not in parameters or "data" not in entry,
         f"input {name!r} has both data and parameters.binary_data_size; send exactly one of them "
         "(JSON data, or binary data after the JSON)",

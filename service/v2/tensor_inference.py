@@ -82,7 +82,9 @@ def _checked_input(model: ModelVersion, request: InferRequest, max_rows: int) ->
     spec = model.manifest.input
     unknown = sorted(set(request.inputs) - {spec.name, *mask_input(model)})
     if unknown:
-        raise BadRequest(f"model {model.name!r} has no input {unknown[0]!r}; its input is {spec.name!r}")
+        names = [repr(n) for n in (spec.name, *mask_input(model))]
+        its = f"its inputs are {' and '.join(names)}" if len(names) > 1 else f"its input is {names[0]}"
+        raise BadRequest(f"model {model.name!r} has no input {unknown[0]!r}; {its}")
     if spec.name not in request.inputs:
         raise BadRequest(f"input {spec.name!r} is missing")
     x = request.inputs[spec.name]
