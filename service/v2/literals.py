@@ -17,12 +17,12 @@ import numpy as np
 import orjson
 
 from service.core.errors import BadRequest
-from service.core.json_bounds import V2_CONTAINERS, check_containers
+from service.core.json_bounds import V2_CONTAINERS, check_containers, check_values
 
 _NON_FINITE = re.compile(rb"NaN|Infinity")
 
 
-def load_json(header: bytes, *, binary_hint: bool = False) -> Any:
+def load_json(header: bytes, *, binary_hint: bool = False, max_values: int | None = None) -> Any:
     """The JSON object of a request, with Triton's ``NaN``, ``Infinity`` and ``-Infinity`` literals.
 
     tritonclient sends them for non-finite values in JSON ``data`` and Triton's parser (rapidjson,
@@ -35,6 +35,8 @@ def load_json(header: bytes, *, binary_hint: bool = False) -> Any:
         header: the request's JSON bytes (within the body cap).
         binary_hint: the request sent no ``Inference-Header-Content-Length``: bytes that are not
             UTF-8 are then likely binary tensors, and the 400 names the header.
+        max_values: the most tensor values the model takes in one request (None: no bound known),
+            checked by counting commas before parsing (:func:`~service.core.json_bounds.check_values`).
 
     Returns:
         The parsed document, non-finite literals as Python floats.
@@ -49,6 +51,8 @@ def load_json(header: bytes, *, binary_hint: bool = False) -> Any:
         "send each input's data as one flat array in row-major order (as tritonclient does), or as binary "
         "data (Inference-Header-Content-Length)",
     )
+    if max_values is not None:
+        check_values(header, max_values, "the model's input takes no more in one request")
     try:
         return orjson.loads(header)
     except orjson.JSONDecodeError as exc:

@@ -272,13 +272,14 @@ def _read_output(entry: Any, index: int, binary_default: bool) -> RequestedOutpu
     return RequestedOutput(name, binary, count)
 
 
-def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
+def parse_infer_request(body: bytes, header_length: str | None, max_values: int | None = None) -> InferRequest:
     """Parse an ``$inference_request`` body (JSON, then any binary tensor data).
 
     Args:
         body: the (inflated) request body.
         header_length: the ``Inference-Header-Content-Length`` header, or None when the JSON
             object is the whole body.
+        max_values: the most values the model's inputs take in a request (:func:`load_json`).
 
     Returns:
         The request with every input as a numpy array of its declared shape and datatype.
@@ -288,7 +289,7 @@ def parse_infer_request(body: bytes, header_length: str | None) -> InferRequest:
             or datatype, binary sizes that do not add up, shared-memory tensors (400).
     """
     header, binary = _split_body(body, header_length)
-    document = load_json(header, binary_hint=header_length is None)
+    document = load_json(header, binary_hint=header_length is None, max_values=max_values)
     _require(isinstance(document, dict), "the inference request must be a JSON object")
     request_id = document.get("id")
     _require(request_id is None or isinstance(request_id, str), "id must be a string")

@@ -51,6 +51,15 @@ def dims(shape: list[int | str]) -> list[int]:
     return [d if isinstance(d, int) else -1 for d in shape]
 
 
+def max_values(model: ModelVersion, max_rows: int) -> int | None:
+    """The most values ``max_rows`` rows of the model's input (and pixel mask) hold; None: a size is free."""
+    per_row = dims(model.manifest.input.shape)[1:]
+    if any(d < 1 for d in per_row):
+        return None
+    pixels = per_row[-2] * per_row[-1] if mask_input(model) and len(per_row) >= 2 else 0
+    return max_rows * (int(np.prod(per_row)) + pixels)
+
+
 def input_datatype(model: ModelVersion) -> str:
     """The protocol datatype of the model's image input ("FP32" or "FP16")."""
     return {"float32": "FP32", "float16": "FP16"}[model.manifest.input.dtype]

@@ -49,7 +49,7 @@ from service.v2.protocol import (
     inflate,
     parse_infer_request,
 )
-from service.v2.tensor_inference import dims, infer_tensors, input_datatype, mask_input, output_specs
+from service.v2.tensor_inference import dims, infer_tensors, input_datatype, mask_input, max_values, output_specs
 
 log = logging.getLogger(__name__)
 
@@ -289,7 +289,8 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
         )
         body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
         parse_started = time.perf_counter()
-        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH))
+        limit = max_values(model, settings.max_images_per_request)
+        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), limit)
         parse_seconds = time.perf_counter() - parse_started
         if parsed.timeout is not None:
             deadline = min(deadline, arrived + parsed.timeout)
