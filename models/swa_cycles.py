@@ -92,8 +92,8 @@ def run_cycles(
     metrics = average(ends, out, erase=recipe.get("erase", 0.0), data=data, limit_per_class=limit_per_class)
     started = torch.load(start, map_location="cpu", weights_only=False)["metrics"]
     accuracies = metrics["averaged_test_accuracies"]
-    losses = [torch.load(end, map_location="cpu", weights_only=False)["metrics"] for end in ends]
-    losses = [m["train_loss_last_epoch"] for m in losses]
+    runs = [torch.load(end, map_location="cpu", weights_only=False)["metrics"] for end in ends]
+    losses = [run["train_loss_last_epoch"] for run in runs]
     metrics |= {
         "start": str(start),
         "start_test_accuracy": started["test_accuracy"],

@@ -18,7 +18,8 @@ class BatchingConfig:
     Attributes:
         max_batch_size: most inputs in one model run.
         max_queue_delay: seconds the oldest queued input may wait for its batch to fill.
-        queue_size: most inputs waiting; one more is refused with 503 and ``Retry-After``.
+        queue_size: most inputs waiting; one more is refused with 503 and ``Retry-After``. A
+            request's inputs admitted together are all queued, which may pass it for a moment.
         request_timeout: seconds from a request's arrival to its deadline; a request may ask
             for less, never more. Still queued at its deadline: 504, never computed.
 

@@ -176,8 +176,8 @@ def admit(name: str, queue_size: int, queued: int, count: int, unit: str = "imag
             f"model {name} admits at most {queue_size} {unit.removesuffix('(s)')}s in one "
             f"request (its queue_size); this one has {count}. Send them in several requests"
         )
-    room = queue_size - queued
-    if room < count:
+    room = queue_size - queued  # < 0 for a moment when requests admitted whole were all queued
+    if count and room < count:  # nothing left to queue (every image ran alone or failed) is never refused
         raise Unavailable(
             f"model {name}: the queue is full for this request (room for {max(room, 0)} {unit}, "
             f"it has {count}); retry shortly"

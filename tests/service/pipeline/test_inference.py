@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+import numpy as np
 import pytest
 
 from tests.conftest import running_app
@@ -37,6 +38,37 @@ async def test_a_multi_image_request_is_refused_whole_when_the_queue_lacks_room(
     name = "patchserve_requests_total"
     assert sample(after, name, **labels) - sample(before, name, **labels) == 1
     assert runner.calls[warm_up_runs:] == [1, 4]  # the refused request's images never ran
+
+
+async def test_an_admitted_request_is_queued_whole_even_when_another_input_slips_in_first(
+    digits_test_split, monkeypatch
+) -> None:
+    # Found by a tester: another request's input queued between this request's admit() and its
+    # images' submits filled the queue, and the request got a 200 holding one image's 503.
+    runner = RecordedRunner(monkeypatch)
+    pngs = one_of_each(digits_test_split, range(4))
+    async with running_app(queue_size=3) as client:
+        batcher = batcher_of(client)
+        plug = await runner.plug(client, pngs[0])  # the runner is busy; the queue is empty
+        admit, admitted, others = batcher.admit, [], []
+
+        def admit_then_slip_one_in(count: int, unit: str = "image(s)") -> None:
+            admit(count, unit)
+            admitted.append(count)
+            if len(admitted) == 2:  # after decoding, just before the three images' submits start
+                others.append(asyncio.ensure_future(batcher.submit(np.zeros((1, 8, 8), np.float32))))
+
+        monkeypatch.setattr(batcher, "admit", admit_then_slip_one_in)
+        request = asyncio.ensure_future(client.post(CLASSIFY, files=[("image", p) for p in pngs[1:4]]))
+        await until(lambda: batcher.queued == 4)  # 3 + the one that slipped in: over queue_size for a moment
+        runner.gate.set()
+        answer = await request
+        plugged = await plug
+        assert plugged.status_code == 200 and (await others[0]).outputs, plugged.text
+    # the plug's own admit after its lone run, in the queue over-full for that moment: nothing to queue, no 503
+    assert admitted == [3, 3, 0]
+    assert answer.status_code == 200
+    assert [r["predictions"][0]["label"] for r in answer.json()["results"]] == ["1", "2", "3"]
 
 
 async def test_a_request_larger_than_the_whole_queue_is_a_400_not_a_503_to_retry(digits_test_split) -> None:
