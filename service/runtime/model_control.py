@@ -21,8 +21,8 @@ the new one.
 **Retire.** A version the policy no longer selects (or whose folder went, or whose model was
 unloaded) leaves the routing table at once: no new request reaches it. Requests that reached it
 hold it (:meth:`ModelRepository.use`) until answered, so what it has queued and in flight gets
-its answer; once none holds it (or after its request timeout and ``drain_margin`` seconds) its batcher stops and its
-sessions and buffers are let go.
+its answer; once none holds it (or after its request timeout and ``drain_margin`` seconds) its batcher stops, its
+sessions and buffers are let go, and it is listed ``UNAVAILABLE`` ``"unloaded"`` (Triton's) until its folder goes.
 
 **Failure.** A version that fails to load never enters the table, so it never displaces the one
 serving: it is logged, counted in ``patchserve_model_loads_total{outcome="failure"}``, and shown
@@ -192,8 +192,8 @@ class ModelControl:
             if failed:
                 log.error("model %s: no version its policy selects could be loaded; what serves is unchanged", name)
             wanted = set(routed)
-        for version in sorted(set(self.repository.models.get(name, {})) - wanted):
-            self._retire(self.repository.remove(name, version), "unloaded" if name in self.unloaded else "")
+        for version in sorted(set(self.repository.models.get(name, {})) - wanted):  # listed "unloaded", as Triton
+            self._retire(self.repository.remove(name, version), "unloaded")  # (forgotten once its folder goes)
         if not states:
             self.states.pop(name, None)
 

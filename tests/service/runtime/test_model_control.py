@@ -113,7 +113,11 @@ async def test_load_api_swaps_in_a_new_version_and_retires_the_old(repository: P
         assert second.json()["predictions"][0]["label"] == "2"  # version 2 reverses the classes: 7 -> 2
         await control(client).until_retired()
         index = (await client.post(INDEX)).json()
-        assert index == [{"name": "vit-digits", "version": "2", "state": "READY", "reason": ""}]
+        assert index == [  # Triton keeps a version its policy dropped in the index, unloaded
+            {"name": "vit-digits", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+            {"name": "vit-digits", "version": "2", "state": "READY", "reason": ""},
+        ]
+        assert (await client.post(INDEX, json={"ready": True})).json() == index[1:]
         listing = (await client.get("/v1/models")).json()
         assert [v["version"] for v in listing["models"][0]["versions"]] == ["2"]
         assert listing["models"][0]["version_policy"] == {"latest": {"num_versions": 1}}
@@ -145,6 +149,9 @@ async def test_a_retired_version_answers_everything_it_queued_and_ran(repository
                 return session.run(*args)
 
         runner.session = HeldSession()
+        # The batching path for every request: a first request that got ahead of the others could
+        # claim the runner alone and run in its decode thread, holding the rest in the queue (4, 0).
+        v1.batcher.claim_alone = lambda: None
         held = [asyncio.create_task(classify(client, "1")) for _ in range(5)]
         await until(
             lambda: v1.batcher.queued == 3 and v1.batcher.staged_batches == 1,
@@ -166,7 +173,8 @@ async def test_a_retired_version_answers_everything_it_queued_and_ran(repository
         assert all(a.json()["version"] == "1" and reference.matches(1, DIGIT_7, a.json()) for a in answers)
         await control(client).until_retired()
         assert v1.released and v1.instances == []
-        assert [e["version"] for e in (await client.post(INDEX)).json()] == ["2"]
+        index = {e["version"]: (e["state"], e["reason"]) for e in (await client.post(INDEX)).json()}
+        assert index == {"1": ("UNAVAILABLE", "unloaded"), "2": ("READY", "")}
 
 
 async def test_a_retiring_version_waits_for_its_own_request_timeout(repository: Path) -> None:
@@ -269,11 +277,17 @@ async def test_polling_publishes_and_removing_a_folder_retires(repository: Path)
         publish(repository, "vit-digits", 2)
         await until(lambda: "2" in {str(v) for v in client.app.state.server.repository.models["vit-digits"]}, "v2")
         assert (await classify(client)).json()["version"] == "2"
+        await control(client).until_retired()
+        assert [e["state"] for e in (await client.post(INDEX)).json()] == ["UNAVAILABLE", "READY"]  # 1 unloaded
         (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"latest": {"num_versions": 2}}}')
         await until(lambda: 1 in client.app.state.server.repository.models.get("vit-digits", {}), "v1 back")
+        assert [e["state"] for e in (await client.post(INDEX)).json()] == ["READY", "READY"]
         shutil.rmtree(repository / "vit-digits" / "2")
         await until(lambda: 2 not in client.app.state.server.repository.models.get("vit-digits", {}), "v2 retired")
         assert (await classify(client)).json()["version"] == "1"
+        await control(client).until_retired()
+        ready = [{"name": "vit-digits", "version": "1", "state": "READY", "reason": ""}]
+        await until(lambda: control(client).index() == ready, "version 2, its folder gone, left out of the index")
 
 
 async def test_unload_then_load_and_the_switches(repository: Path) -> None:
