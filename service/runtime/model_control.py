@@ -309,18 +309,18 @@ class ModelControl:
         if signal and self.signal is not None:
             self.signal.publish(name, "load", policy)
         self.unloaded.discard(name)
-        if policy is None:
-            self.overrides.pop(name, None)
-        else:
+        self.overrides.pop(name, None)
+        if policy is not None:
             self.overrides[name] = policy
         await self.sync({name}, settled=False, force=True)
         if name in self.config_errors:
             raise BadRequest(f"failed to load {name!r}: {self.config_errors[name]}")
-        try:  # a failed version its policy leaves out is no failure of this load
-            selected = self.policy(name).select(self.states.get(name, {}))
+        states = self.states.get(name, {})
+        try:  # a failed version its policy leaves out (among those serving and failed) is no failure of this load
+            selected = self.policy(name).select(set(self.repository.models.get(name, {})) | set(states))
         except (OSError, ConfigError):  # the folder changed under the load: every failure counts
-            selected = set(self.states.get(name, {}))
-        if failed := {v: s.reason for v, s in self.states.get(name, {}).items() if s.failed and v in selected}:
+            selected = set(states)
+        if failed := {v: s.reason for v, s in states.items() if s.failed and v in selected}:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
             raise BadRequest(f"failed to load {name!r}: {reasons}")
         if name not in self.repository.models:

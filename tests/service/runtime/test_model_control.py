@@ -424,6 +424,12 @@ async def test_a_load_succeeds_when_only_versions_its_policy_leaves_out_fail(rep
         assert (await classify(client)).json()["version"] == "1"
         assert (await client.post(LOAD)).status_code == 400  # back to latest 1: version 3 again
         assert (await classify(client)).json()["version"] == "1"
+        # Found by a second tester: with a good version 4 above the broken 3, latest 1 selects 4,
+        # which loaded; the policy was applied to the failed versions alone (3), and the load said 400.
+        publish(repository, "vit-digits", 4, "copy")
+        beside = await client.post(LOAD)
+        assert beside.status_code == 200, beside.text
+        assert (await classify(client)).json()["version"] == "4"
         # a body is counted before it is parsed (service/core/json_bounds.py)
         flood = await client.post(INDEX, content=b"[" + b"[]," * 100 + b"[]]")
         assert flood.status_code == 400 and "102 arrays and objects, more than 64 allowed" in flood.json()["error"]
