@@ -100,20 +100,20 @@ MODEL_INFO = Gauge(
     "patchserve_model_info",
     "1 for each model version serving, with its task and execution provider; 0 once unloaded.",
     ["model", "version", "task", "provider"],
-    multiprocess_mode="max",
+    multiprocess_mode="livemax",
 )
 
 MODEL_SETTING = Gauge(
     "patchserve_model_setting",
     "The values a model version serves with (instances, max_batch_size, intra_op_threads, spinning), chosen or set.",
     ["model", "version", "setting"],
-    multiprocess_mode="max",
+    multiprocess_mode="livemax",
 )
 AUTOTUNE_THROUGHPUT = Gauge(
     "patchserve_autotune_images_per_second",
     "The auto-tuner's measured throughput at warm-up, by instance count and batch size.",
     ["model", "version", "instances", "batch_size"],
-    multiprocess_mode="max",
+    multiprocess_mode="livemax",
 )
 MODEL_LOADS = Counter(
     "patchserve_model_loads",
@@ -163,7 +163,7 @@ def _alive(pid: int) -> bool:
 
 
 def mark_dead_workers(folder: Path) -> list[int]:
-    """Drop the live gauges (queue depth) of worker processes that no longer run.
+    """Drop the live gauges (queue depth, model info and settings) of worker processes that no longer run.
 
     Returns:
         The process ids marked dead.

@@ -16,7 +16,7 @@ from pydantic import BaseModel
 from service import tasks
 from service.core.errors import BadRequest, DeadlineExceeded
 from service.http.accounting import accounted
-from service.http.deps import Repository, State, Version
+from service.http.deps import State, Version, get_repository
 from service.http.lifetime import (
     body_by_deadline,
     deadline_passed_after_the_body,
@@ -28,7 +28,7 @@ from service.http.problems import request_id
 from service.http.responses import JSON, server_timing, timings
 from service.http.uploads import OPENAPI_IMAGE_BODY, read_images
 from service.pipeline.inference import ImageOutcome, infer_images, response_body
-from service.runtime.repository import ModelRepository, ModelVersion
+from service.runtime.repository import ModelVersion
 from service.tasks import Task
 
 
@@ -125,7 +125,6 @@ async def _picture(
 async def serve(
     request: Request,
     state: State,
-    repository: ModelRepository,
     name: str,
     version: str | None,
     task: Task[Any],
@@ -136,7 +135,8 @@ async def serve(
     The request's deadline is set on arrival; once its body is read, a client that disconnects
     cancels the work (its queued images are dropped) and is counted as ``cancelled``.
     """
-    with accounted(request.state) as account, repository.use(name, version) as model:  # held until answered
+    # the repository inside the account: a 503 while the models load is counted too
+    with accounted(request.state) as account, (await get_repository(request)).use(name, version) as model:
         account.model(model.name, model.version)
         deadline = model.batcher.deadline(getattr(request.state, "requested_timeout", None))
         require_task(model, task)
@@ -208,12 +208,11 @@ def _endpoint(task: Task[Any]) -> Callable[..., Coroutine[Any, Any, Response]]:
     async def endpoint(
         name: str,
         request: Request,
-        repository: Repository,
         state: State,
         params: Annotated[params_type, Query()],  # type: ignore[valid-type]
         version: Version = None,
     ) -> Response:
-        return await serve(request, state, repository, name, version, task, params)
+        return await serve(request, state, name, version, task, params)
 
     endpoint.__name__ = task.verb
     return endpoint

@@ -157,6 +157,24 @@ async def test_metrics_count_requests_by_outcome_and_unknown_models_share_one_la
     assert sample(after, "patchserve_batch_size_count", model="vit-digits") >= 1
 
 
+async def test_a_request_refused_while_the_models_load_is_counted() -> None:
+    # Found by an ops tester: /v1's 503 "still loading" came from a route dependency, before the
+    # request was counted, so error-rate alerts missed what clients saw while a worker restarted.
+    async with running_app() as client:
+        state = client.app.state.server
+        loaded, state.repository = state.repository, None  # as before start-up has loaded the models
+        before = (await client.get("/metrics")).text
+        v1 = await client.post(CLASSIFY, files={"image": DIGIT_7})
+        v2 = await client.post("/v2/models/vit-digits/infer", json=json_request(digit_tensor(DIGIT_7)))
+        after = (await client.get("/metrics")).text
+        state.repository = loaded
+    assert_problem(v1, 503, "still loading")
+    assert v2.status_code == 503 and "still loading" in v2.json()["error"]
+    labels = {"model": "_unknown", "outcome": "rejected"}  # no model is known yet
+    name = "patchserve_requests_total"
+    assert sample(after, name, **labels) - sample(before, name, **labels) == 2
+
+
 async def test_refused_parameters_are_counted_on_v2_and_under_the_version_asked_for() -> None:
     # Found by a reviewer: /v2's 400s for a bad timeout were never counted (its routes catch the
     # validation error themselves), and a /v1 422 asking for version 1 was counted on version 2.

@@ -57,6 +57,32 @@ def test_dead_workers_lose_their_live_gauges_but_keep_their_counts(tmp_path: Pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"counter_{dead.pid}.db", f"gauge_livesum_{alive}.db"])
 
 
+def test_a_dead_workers_model_info_and_settings_are_dropped(tmp_path: Path) -> None:
+    # Found by an ops tester: with "max" gauges a worker killed while serving version 1 kept
+    # patchserve_model_info{version="1"} at 1 after its replacement had retired it; live gauges
+    # ("livemax") go with the worker.
+    worker = (
+        "from service.core import metrics\n"
+        "metrics.MODEL_INFO.labels('m', '1', 'classification', 'CPUExecutionProvider').set(1)\n"
+        "metrics.MODEL_SETTING.labels('m', '1', 'instances').set(2)\n"
+        "metrics.AUTOTUNE_THROUGHPUT.labels('m', '1', '1', '4').set(90.0)\n"
+    )
+    environment = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-c", worker], env=environment, check=True, cwd=Path(__file__).parents[3])
+
+    def exported() -> str:
+        from prometheus_client import CollectorRegistry, generate_latest, multiprocess
+
+        registry = CollectorRegistry()
+        multiprocess.MultiProcessCollector(registry, path=str(tmp_path))
+        return generate_latest(registry).decode()
+
+    assert 'patchserve_model_info{model="m"' in exported()  # while it is not known to be dead
+    assert len(mark_dead_workers(tmp_path)) == 1
+    text = exported()
+    assert 'model="m"' not in text, text
+
+
 def test_first_sigterm_drains_repeats_are_ignored_and_the_delay_ends_it(monkeypatch: pytest.MonkeyPatch) -> None:
     now = [1000.0]  # the drain's clock, moved by the test: a busy machine cannot end the delay early
     monkeypatch.setattr(serve, "time", SimpleNamespace(monotonic=lambda: now[0]))

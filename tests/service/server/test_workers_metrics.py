@@ -83,7 +83,7 @@ async def post_many(url: str, n: int, concurrency: int) -> list[int]:
 
         async def one(i: int) -> int:
             async with limit:
-                while True:  # a worker still loading answers 503 before the route (not counted)
+                while True:  # a worker still loading answers 503 (counted as _unknown, rejected)
                     response = await client.post(CLASSIFY, files={"image": DIGIT_7}, headers={"X-Request-ID": f"n-{i}"})
                     if response.status_code != 503:
                         return response.status_code
