@@ -20,6 +20,7 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from service.batching.config import BatchingConfig
+from service.core import lifecycle
 from service.core.errors import RepositoryError
 from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
@@ -135,11 +136,19 @@ def loader(settings: Settings, threads: ThreadPlan | None, tuning: Tuner | None)
 
 
 def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
-    """Blocking: tune, create every session the version policies select and run each once per batch size."""
+    """Blocking: tune, create every session the version policies select and run each once per batch size.
+
+    Raises:
+        StartupStopped: a shutdown was requested meanwhile (checked before each version and tuning point).
+    """
     tuning = control.loader.tuner
+    models = []
     with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
-        models = [control.loader.load(name, version, folder) for name, version, folder in control.startup_versions()]
+        for name, version, folder in control.startup_versions():
+            lifecycle.stop_if_shutting_down()
+            models.append(control.loader.load(name, version, folder))
     for model in models:
+        lifecycle.stop_if_shutting_down()
         if model.runner.providers.ok:
             model.warm_up()
     return models
@@ -148,6 +157,10 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
 async def _start_models(state: ServerState, control: ModelControl) -> None:
     try:
         models = await asyncio.get_running_loop().run_in_executor(None, _load_and_warm_up, control)
+    except lifecycle.StartupStopped as exc:  # SIGTERM during start-up: the drain ends without the models
+        log.info("%s", exc)
+        state.startup_error = str(exc)
+        return
     except Exception as exc:  # a graph that will not load: stay alive, not ready, and say why
         log.exception("loading the models failed")
         state.startup_error = f"loading the models failed: {exc}"

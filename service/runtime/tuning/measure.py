@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from service.core import lifecycle
 from service.runtime.tuning.curve import Point
 
 log = logging.getLogger(__name__)
@@ -66,6 +67,7 @@ def measure(
     rounds: int = 1,
     measure_one: Callable[[Sequence[RunFn], np.ndarray, float], float] = measure_point,
     clock: Callable[[], float] = time.monotonic,
+    stop: Callable[[], None] = lifecycle.stop_if_shutting_down,
 ) -> list[Point]:
     """The throughput curve over ``instance_counts`` × ``sizes``, within ``budget_seconds``.
 
@@ -82,6 +84,8 @@ def measure(
         budget_seconds: once this much has passed no further point starts.
         rounds: passes over the grid (>= 1).
         measure_one, clock: injectable for tests.
+        stop: called before each point; raises to end the measurement (by default
+            :class:`~service.core.lifecycle.StartupStopped` once the process is shutting down).
     """
     started = clock()
     samples: dict[tuple[int, int], list[float]] = {}
@@ -99,6 +103,7 @@ def measure(
             if clock() - started >= budget_seconds:
                 log.warning("auto-tune: the %.1f s budget ran out at n=%d, b=%d", budget_seconds, n, b)
                 break
+            stop()
             throughput = measure_one(runners_of[n], batch_of(b), point_seconds)
             samples[(n, b)] = [throughput]
             best = max(best, throughput)
@@ -110,6 +115,7 @@ def measure(
         for n, b in grid:
             if clock() - started >= budget_seconds:
                 break
+            stop()
             samples[(n, b)].append(measure_one(runners_of[n], batch_of(b), point_seconds))
     runners_of.clear()
     return [

@@ -6,6 +6,9 @@ server with a tiny budget, and only the structure of what was measured is checke
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import importlib
 import json
 import multiprocessing
 import shutil
@@ -83,6 +86,40 @@ async def test_the_server_tunes_at_warm_up_shows_the_curve_and_reads_it_back_on_
     async with running_app(settings) as client:
         again = (await client.get("/v1/models/vit-digits")).json()["versions"][0]["autotune"]
     assert again["source"] == "cache" and again["curve"] == tuning["curve"]
+
+
+@pytest.mark.anyio
+async def test_a_shutdown_during_start_up_stops_the_tuner_and_caches_nothing(tmp_path: Path, monkeypatch) -> None:
+    # Found by an ops tester: SIGTERM while the models loaded was obeyed only once every model had
+    # been tuned and warmed up (18.8 s with one worker, 34.9 s with two), past a pod's grace period.
+    from service.core import lifecycle
+    from service.http.app import create_app
+
+    measuring = importlib.import_module("service.runtime.tuning.measure")  # the package exports measure()
+    tuner = importlib.import_module("service.runtime.tuning.tuner")
+
+    points: list[int] = []
+
+    def first_point_then_the_signal(runners, batch, seconds: float) -> float:
+        points.append(len(batch))
+        lifecycle.request_shutdown()  # as the signal handler does, while this point is measured
+        return measuring.measure_point(runners, batch, seconds)
+
+    monkeypatch.setattr(tuner, "measure", functools.partial(measuring.measure, measure_one=first_point_then_the_signal))
+    settings = make_settings(model_repository=one_model_repository(tmp_path), tune_cache=tmp_path / "cache", **TUNED)
+    app = create_app(settings)
+    state = app.state.server
+    try:
+        async with app.router.lifespan_context(app):
+            for _ in range(6000):  # a bound on waiting, never a measured figure
+                if state.startup_error or state.repository is not None:  # stopped, or loaded regardless
+                    break
+                await asyncio.sleep(0.01)
+    finally:
+        lifecycle.clear_shutdown()
+    assert state.startup_error == "shutting down: loading the models stopped"
+    assert state.repository is None and points == [1]  # the point under way ended, no other started
+    assert list((tmp_path / "cache").glob("*.json")) == []  # a stopped measurement is not kept
 
 
 @pytest.mark.anyio
