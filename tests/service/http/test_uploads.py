@@ -91,6 +91,12 @@ async def test_the_default_part_limit_is_the_setting() -> None:
         (b"{not json", "application/json", "not valid JSON"),
         # counted before parsing: empty arrays cost the parser ten times a number (a stall of seconds)
         (b'{"images": [' + b"[]," * 9 + b'"iVBO"]}', "application/json", "holds 11 arrays and objects, more than 8"),
+        # and members: a tester's 2,000,000 keys in one object stalled a worker 5 s
+        (
+            b'{"images": ["iVBO"]' + b"".join(b',"%x":0' % i for i in range(4096)) + b"}",
+            "application/json",
+            "holds about 4097 object members (counted by their ':'), more than 4096 allowed",
+        ),
         (b'{"images": ["data:image/png;base64iVBO"]}', "application/json", "a data: URL without the comma"),
         (  # a preamble before the first boundary (RFC 2046 allows one; python-multipart does not)
             b"preamble\r\n--abc\r\nContent-Disposition: form-data; name=image\r\n\r\nxx\r\n--abc--\r\n",

@@ -433,3 +433,6 @@ async def test_a_load_succeeds_when_only_versions_its_policy_leaves_out_fail(rep
         # a body is counted before it is parsed (service/core/json_bounds.py)
         flood = await client.post(INDEX, content=b"[" + b"[]," * 100 + b"[]]")
         assert flood.status_code == 400 and "102 arrays and objects, more than 64 allowed" in flood.json()["error"]
+        keys = b'{"ready": true' + b"".join(b',"%x":0' % i for i in range(5000)) + b"}"  # a tester's: 200 after 1.85 s
+        members = await client.post(INDEX, content=keys)
+        assert members.status_code == 400 and "5001 object members" in members.json()["error"]

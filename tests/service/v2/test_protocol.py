@@ -639,6 +639,10 @@ def test_a_body_of_more_arrays_than_a_request_needs_is_refused_before_it_is_pars
     with pytest.raises(BadRequest, match=r"holds 43 arrays and objects, more than 37 allowed; send each input's data"):
         parse_infer_request(flood, None)
     assert json_bounds.V2_CONTAINERS == 65_536
+    # a second tester: members are counted too, for a model of any input size (no value bound applies)
+    keys = b'{"inputs": []' + b"".join(b',"%x":0' % i for i in range(json_bounds.MEMBERS)) + b"}"
+    with pytest.raises(BadRequest, match=r"holds about 4097 object members .* more than 4096 allowed; send each"):
+        parse_infer_request(keys, None)
 
 
 async def test_an_error_quoting_a_huge_client_string_is_cut() -> None:
