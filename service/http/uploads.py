@@ -25,6 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.core.json_bounds import V1_CONTAINERS, check_containers
+from service.http.lifetime import DRAIN_SECONDS, drain_body
 from service.http.openapi import DIGIT_PNG_BASE64
 
 if TYPE_CHECKING:
@@ -92,17 +93,28 @@ async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
         if not declared.isdigit():
             raise BadRequest(f"Content-Length {declared!r} is not a number")
         if int(declared) > max_bytes:
-            raise PayloadTooLarge(f"the body is {declared} bytes; the limit is {max_bytes}")
+            raise await _too_large(request, f"the body is {declared} bytes; the limit is {max_bytes}", max_bytes)
     size = 0
     try:
         async for chunk in request.stream():
             size += len(chunk)
             if size > max_bytes:
-                raise PayloadTooLarge(f"the body is over the limit of {max_bytes} bytes")
+                raise await _too_large(request, f"the body is over the limit of {max_bytes} bytes", max_bytes)
             if chunk:
                 yield chunk
     except ClientDisconnect:
         raise ClientDisconnected("the client disconnected before sending the whole body") from None
+
+
+DRAIN_FACTOR = 4  # a body over the cap is read and dropped before its 413 when it is at most this many times the cap
+
+
+async def _too_large(request: Request, detail: str, max_bytes: int) -> PayloadTooLarge:
+    """The 413, once the rest of the body is read and dropped (:func:`~service.http.lifetime.drain_body`:
+    a client that writes its whole body before reading, as urllib does, gets the 413, not a reset);
+    with ``Connection: close`` when it was not (a body over ``DRAIN_FACTOR`` x the cap, or late)."""
+    drained = await drain_body(request.receive, dict(request.scope["headers"]), DRAIN_FACTOR * max_bytes, DRAIN_SECONDS)
+    return PayloadTooLarge(detail, headers={} if drained else {"Connection": "close"})
 
 
 async def read_body(request: Request, max_bytes: int) -> bytes:

@@ -200,3 +200,24 @@ def test_a_refused_client_that_writes_its_whole_body_first_reads_the_503_not_a_r
     head, _, problem = response.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 503"), head
     assert b"retry-after: 1" in head.lower() and b"PATCHSERVE_MAX_IN_FLIGHT" in problem
+
+
+def test_a_client_that_writes_a_body_over_the_cap_first_reads_the_413_not_a_reset() -> None:
+    # Found by a fresh user: urllib posting 21 MB (cap 20 MiB) got "Connection reset" in 3 of 3
+    # tries; the 413 closed the socket with the body unread. 8 MiB against a 4 MiB cap is more than
+    # the loopback socket buffers hold, so without the drain sendall itself is reset.
+    body = b"\0" * (8 << 20)
+    with server_process(env={"PATCHSERVE_MAX_BODY_BYTES": str(4 << 20)}) as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(
+                b"POST %s HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: image/png\r\nConnection: close\r\n"
+                b"Content-Length: %d\r\n\r\n" % (CLASSIFY.encode(), len(body))
+            )
+            sock.sendall(body)  # all of it before reading, as urllib does
+            response = b""
+            while chunk := sock.recv(65536):
+                response += chunk
+    head, _, problem = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert b"the limit is 4194304" in problem
