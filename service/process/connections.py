@@ -33,6 +33,11 @@ class SendTimeoutProtocol(HttpToolsProtocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._send_timer: asyncio.TimerHandle | None = None
+        self._running: Any = None  # the request cycle whose task runs now (pipelined ones wait in self.pipeline)
+
+    def _start_asgi_task(self, cycle: Any, app: Any) -> None:
+        self._running = cycle
+        super()._start_asgi_task(cycle, app)
 
     def _cancel_send_timer(self) -> None:
         if self._send_timer is not None:
@@ -51,6 +56,12 @@ class SendTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_send_timer()
+        running = self._running
+        if running is not None and not running.response_complete:
+            # uvicorn marks only the last request parsed as disconnected: with pipelined requests the
+            # one running would write to the closed transport (a RuntimeError, three ERROR tracebacks)
+            running.disconnected = True
+            running.message_event.set()
         super().connection_lost(exc)
 
     def _abort_unread(self, timeout: float) -> None:
