@@ -52,7 +52,9 @@ class Settings(BaseSettings):
     max_queue_delay: float = Field(
         0.002, ge=0.0, le=10.0, description="Seconds the oldest queued request may wait for a batch to fill."
     )
-    queue_size: int = Field(256, ge=1, description="Requests a model version may hold queued; more -> 503.")
+    queue_size: int = Field(
+        256, ge=1, le=1_000_000, description="Requests a model version may hold queued; more -> 503."
+    )
     request_timeout: float = Field(
         30.0,
         gt=0.0,
@@ -117,11 +119,14 @@ class Settings(BaseSettings):
     max_multipart_parts: int = Field(64, ge=1, description="Most parts, of any name, in one multipart body (400).")
 
     intra_op_threads: int = Field(
-        0, ge=0, description="ONNX Runtime intra-op threads per session (0: the model's share of the usable cores)."
+        0,
+        ge=0,
+        le=1024,
+        description="ONNX Runtime intra-op threads per session (0: the model's share of the usable cores).",
     )
-    inter_op_threads: int = Field(0, ge=0, description="ONNX Runtime inter-op threads (0: ORT's default).")
+    inter_op_threads: int = Field(0, ge=0, le=1024, description="ONNX Runtime inter-op threads (0: ORT's default).")
     decode_threads: int = Field(
-        0, ge=0, description="Threads decoding images (0: the worker's share of the usable cores)."
+        0, ge=0, le=1024, description="Threads decoding images (0: the worker's share of the usable cores)."
     )
     intra_op_spinning: bool | None = Field(
         None,
@@ -180,7 +185,7 @@ class Settings(BaseSettings):
     )
     cuda_mem_limit: int = Field(0, ge=0, description="Bytes the CUDA memory arena may hold per session (0: no limit).")
 
-    backlog: int = Field(2048, ge=1, description="Connections the listening socket queues before refusing.")
+    backlog: int = Field(2048, ge=1, le=65535, description="Connections the listening socket queues before refusing.")
 
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="Comma-separated bearer tokens; empty: no authentication.", repr=False
@@ -203,7 +208,10 @@ class Settings(BaseSettings):
 
     # Operation: admission, drain, connections (service/http/middleware/admission.py, service/process/serve.py).
     max_in_flight: int = Field(
-        128, ge=1, description="Requests one worker holds at once; more -> 503 + Retry-After before they run."
+        128,
+        ge=1,
+        le=1_000_000,
+        description="Requests one worker holds at once; more -> 503 + Retry-After before they run.",
     )
     body_timeout: float = Field(60.0, gt=0.0, description="Seconds to receive a whole request body (408).")
     drain_delay: float = Field(

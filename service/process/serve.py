@@ -204,7 +204,11 @@ def run(settings: Settings) -> int:
         0 after a clean shutdown; 2 when the repository or a manifest is invalid (nothing was
         started); 3 when the server could not start.
     """
-    folder, created = prepare_multiprocess_dir()
+    try:
+        folder, created = prepare_multiprocess_dir()
+    except OSError as exc:  # e.g. the variable names a file, or a folder that cannot be made
+        print(f"patchserve: cannot start: {MULTIPROC_ENV}={os.environ.get(MULTIPROC_ENV)!r}: {exc}", file=sys.stderr)
+        return 2
     try:
         from service.http.app import validate_repository  # imports prometheus_client: after the folder is set
 

@@ -51,3 +51,29 @@ def test_an_unknown_patchserve_variable_is_named_with_the_setting_it_resembles()
         "PATCHSERVE_MAX_BATCH: not a setting, ignored (did you mean PATCHSERVE_MAX_BATCH_SIZE?)",
         "PATCHSERVE_ZZZ: not a setting, ignored",
     ]
+
+
+@pytest.mark.parametrize(
+    "variable, value",
+    [  # an ops tester's: accepted, then an OverflowError after the models loaded, or 500,000 threads on 2 cores
+        ("PATCHSERVE_BACKLOG", "99999999999999"),
+        ("PATCHSERVE_INTRA_OP_THREADS", "100000"),
+        ("PATCHSERVE_DECODE_THREADS", "100000"),
+        ("PATCHSERVE_QUEUE_SIZE", "99999999999999999999"),
+        ("PATCHSERVE_MAX_IN_FLIGHT", "99999999999999999999"),
+    ],
+)
+def test_a_count_past_any_use_stops_the_start(monkeypatch, capsys, variable: str, value: str) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    assert stopped.value.code == 2 and variable in capsys.readouterr().err
+
+
+def test_a_metrics_folder_that_cannot_be_one_stops_the_start_naming_it(tmp_path) -> None:
+    # an ops tester: a traceback and status 1
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    result = run_server({"PROMETHEUS_MULTIPROC_DIR": str(taken)})
+    assert result.returncode == 2, result.stderr
+    assert "cannot start: PROMETHEUS_MULTIPROC_DIR=" in result.stderr and "Traceback" not in result.stderr
