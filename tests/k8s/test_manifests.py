@@ -88,6 +88,8 @@ def test_every_pod_polls_the_shared_model_repository() -> None:
     assert mount["mountPath"] == env["PATCHSERVE_MODEL_REPOSITORY"] and mount["readOnly"] is True
     (seed,) = pod["initContainers"]
     assert [m["mountPath"] for m in seed["volumeMounts"]] == [mount["mountPath"]]  # it fills the same volume
+    assert seed["command"] == ["python", "-m", "service.process.seed", "/models", mount["mountPath"]]
+    assert "COPY model_repository /models" in (K8S.parent / "docker" / "Dockerfile.gpu").read_text()
     (volume,) = [v for v in pod["volumes"] if v["name"] == "models"]
     claim, publisher = yaml.safe_load_all((K8S / "model-repository.yaml").read_text())
     assert volume["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
