@@ -213,6 +213,12 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="Requests one worker holds at once; more -> 503 + Retry-After before they run.",
     )
+    max_buffered_bytes: int = Field(
+        512 * 1024 * 1024,
+        ge=1024,
+        description="Request body bytes one worker holds at once (declared, or received); a request that would "
+        "pass it gets 503 + Retry-After before its body is kept (one body alone is always taken).",
+    )
     body_timeout: float = Field(60.0, gt=0.0, description="Seconds to receive a whole request body (408).")
     drain_delay: float = Field(
         5.0, ge=0.0, description="Seconds to keep accepting after SIGTERM, with /readyz at 503, before closing."

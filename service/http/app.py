@@ -290,6 +290,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         max_in_flight=settings.max_in_flight,
         body_timeout=settings.body_timeout,
         drain_bytes=settings.max_body_bytes,
+        max_buffered_bytes=settings.max_buffered_bytes,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
     )
     public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())

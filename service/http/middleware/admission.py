@@ -1,6 +1,6 @@
 """Admission: what a worker lets in, before any body is kept or any image decoded (DESIGN.md, "Receive").
 
-Two limits, both answered as problem+json (on /v2 as the protocol's ``{"error": ...}``):
+Three limits, all answered as problem+json (on /v2 as the protocol's ``{"error": ...}``):
 
 * **Requests in flight.** Each worker holds at most ``max_in_flight`` requests at once; one more
   is refused with 503 and ``Retry-After`` before it runs, its body never kept, so a burst
@@ -14,6 +14,14 @@ Two limits, both answered as problem+json (on /v2 as the protocol's ``{"error": 
   a socket closed with unread data, instead of the 503 (nginx's "lingering close" for the same
   reason). A body that does not arrive within that bound, or a client that waits for
   ``100 Continue``, gets the 503 at once with ``Connection: close``.
+* **Body bytes held.** The bodies of the requests a worker holds add up to at most
+  ``max_buffered_bytes``: a request whose ``Content-Length`` would take them past it waits, its
+  body unread, oldest first, until there is room (one body of any size the cap allows always gets
+  in when the worker holds none), and is refused as above (503, drained) if none came within
+  ``body_timeout``; a chunked body is counted as it arrives, and refused (503, ``Connection:
+  close``) once it passes. Its bytes are held until the request is answered. Without it, 200
+  clients posting 17 MB of photos each took a worker from 170 MiB to 2.4 GiB (128 in flight; found
+  by a fresh user), whatever the pixel budget.
 * **Body-read time.** The whole body must arrive within ``body_timeout`` seconds of the request's
   arrival, else 408 and the connection is closed (a slow or stalled upload cannot hold a slot).
 
@@ -24,6 +32,8 @@ path names (``_unknown`` when there is no such model).
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
 import time
 from typing import Any
 
@@ -44,6 +54,14 @@ DRAIN_SECONDS = 30.0
 # deadline (service.http.lifetime.body_by_deadline). A read that does not have to wait returns at once.
 
 
+def _declared_length(scope: Scope) -> int:
+    """The request's ``Content-Length`` (0 when absent or not a number: the route refuses the latter)."""
+    for name, value in scope.get("headers", []):
+        if name == b"content-length":
+            return int(value) if value.isdigit() else 0
+    return 0
+
+
 class AdmissionMiddleware:
     """Pure ASGI middleware: the in-flight cap (503) and the body-read timeout (408) of one worker.
 
@@ -54,6 +72,7 @@ class AdmissionMiddleware:
         retry_after: the ``Retry-After`` of a refusal, in seconds.
         exempt: paths that are never refused and have no body timeout.
         drain_bytes: most body bytes read and dropped before a refusal is sent (the body cap).
+        max_buffered_bytes: most body bytes the requests held keep at once (None: no bound).
     """
 
     def __init__(
@@ -65,9 +84,13 @@ class AdmissionMiddleware:
         retry_after: int = 1,
         exempt: frozenset[str] = EXEMPT_PATHS,
         drain_bytes: int = 32 * 1024 * 1024,
+        max_buffered_bytes: int | None = None,
     ) -> None:
         self.app = app
         self.drain_bytes = drain_bytes
+        self.max_buffered_bytes = max_buffered_bytes
+        self.buffered = 0  # body bytes of the requests held: declared, or received when more
+        self._waiting: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
         self.max_in_flight = max_in_flight
         self.body_timeout = body_timeout
         self.retry_after = retry_after
@@ -81,20 +104,77 @@ class AdmissionMiddleware:
         if self.in_flight >= self.max_in_flight:
             await self._refuse(scope, receive, send)
             return
+        arrived = time.monotonic()
+        held = [_declared_length(scope)]  # the bytes this request holds of the worker's body budget
         self.in_flight += 1
         try:
-            await self.app(scope, self._with_deadline(receive, scope.setdefault("state", {})), send)
+            if not await self._reserve(held[0], arrived + self.body_timeout):
+                await self._refuse(scope, receive, send, self._budget_message())
+                return
+            try:
+                await self.app(scope, self._with_deadline(receive, scope.setdefault("state", {}), held, arrived), send)
+            finally:
+                self._give_back(held[0])
         finally:
             self.in_flight -= 1
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+    def _fits(self, more: int) -> bool:
+        """Whether ``more`` body bytes fit the worker's budget (always when it holds none)."""
+        limit = self.max_buffered_bytes
+        return limit is None or self.buffered == 0 or self.buffered + more <= limit
+
+    async def _reserve(self, size: int, deadline: float) -> bool:
+        """Take ``size`` bytes of the budget, waiting for room, oldest first, until ``deadline``; whether taken.
+
+        While a request waits its body is not read: TCP holds the client back (uvicorn buffers at
+        most 64 KiB of an unread body), so the wait costs neither memory nor the CPU of a refusal.
+        """
+        if not self._waiting and self._fits(size):
+            self.buffered += size
+            return True
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((size, turn))
+        try:
+            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
+                await turn  # _give_back reserves the bytes before it wakes a waiter
+        except TimeoutError:
+            pass
+        except BaseException:  # cancelled (the server stops): bytes reserved for it go back
+            if turn.done() and not turn.cancelled():
+                self._give_back(size)
+            raise
+        finally:
+            with contextlib.suppress(ValueError):
+                self._waiting.remove((size, turn))
+        if turn.done() and not turn.cancelled():
+            return True  # its turn came, even as its time ran out: the bytes are reserved for it
+        turn.cancel()
+        return False
+
+    def _give_back(self, size: int) -> None:
+        self.buffered -= size
+        while self._waiting and self._fits(self._waiting[0][0]):
+            size, turn = self._waiting.popleft()
+            if not turn.done():  # (a waiter that timed out meanwhile is skipped)
+                self.buffered += size
+                turn.set_result(None)
+
+    def _budget_message(self) -> str:
+        return (
+            f"this worker already holds {self.buffered / 2**20:.1f} MiB of request bodies, and "
+            f"PATCHSERVE_MAX_BUFFERED_BYTES is {(self.max_buffered_bytes or 0) / 2**20:.1f} MiB; "
+            f"retry after {self.retry_after} s"
+        )
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, why: str | None = None) -> None:
         state: dict[str, Any] = scope.setdefault("state", {})
         labels = accounting.inference_labels(scope)
         if labels is not None:
             state["model"], state["version"] = labels
             accounting.count_refused(labels, Unavailable.outcome)
         error = Unavailable(
-            f"this worker already holds {self.max_in_flight} requests (PATCHSERVE_MAX_IN_FLIGHT); "
+            why
+            or f"this worker already holds {self.max_in_flight} requests (PATCHSERVE_MAX_IN_FLIGHT); "
             f"retry after {self.retry_after} s",
             retry_after=self.retry_after,
         )
@@ -107,18 +187,28 @@ class AdmissionMiddleware:
         headers = dict(scope.get("headers", []))
         return await drain_body(receive, headers, self.drain_bytes, min(DRAIN_SECONDS, self.body_timeout))
 
-    def _with_deadline(self, receive: Receive, state: dict[str, Any] | None = None) -> Receive:
+    def _with_deadline(
+        self,
+        receive: Receive,
+        state: dict[str, Any] | None = None,
+        held: list[int] | None = None,
+        arrived: float | None = None,
+    ) -> Receive:
         """``receive`` that raises :class:`BodyTimeout` once the body is late; unbounded after it.
 
         ``state["body_done"]`` (the request's state) says whether the whole body has been received.
+        ``held[0]``, the body bytes the request holds of the worker's budget, grows as more than it
+        declared arrives; past the budget, :class:`Unavailable` (503, ``Connection: close``).
         """
-        deadline = time.monotonic() + self.body_timeout
+        deadline = (time.monotonic() if arrived is None else arrived) + self.body_timeout
         body_done = False
         state = {} if state is None else state
         state["body_done"] = False
+        held = [0] if held is None else held
+        received = 0
 
         async def receive_before_deadline() -> Message:
-            nonlocal body_done
+            nonlocal body_done, received
             if body_done:
                 return await receive()  # e.g. waiting for a disconnect while streaming: no deadline
             try:
@@ -131,6 +221,15 @@ class AdmissionMiddleware:
                 ) from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             state["body_done"] = body_done
+            received += len(message.get("body", b""))
+            if received > held[0]:  # a chunked body (or more than declared): counted as it arrives
+                more, held[0] = received - held[0], received
+                self.buffered += more
+                others = self.buffered - received
+                if self.max_buffered_bytes is not None and others > 0 and self.buffered > self.max_buffered_bytes:
+                    error = Unavailable(self._budget_message(), retry_after=self.retry_after)
+                    error.headers["Connection"] = "close"  # the rest of the body is not read
+                    raise error
             return message
 
         return receive_before_deadline

@@ -229,3 +229,79 @@ async def test_a_chunk_arriving_with_the_request_deadline_does_not_lose_the_dead
     with pytest.raises(DeadlineExceeded, match="still arriving"):
         await body_by_deadline(read_body(), 0.1)
     rest.cancel()
+
+
+async def test_a_body_past_the_workers_byte_budget_waits_unread_for_room() -> None:
+    # Found by a fresh user: 200 clients posting 17 MB of photos each took a worker from 170 MiB to
+    # 2.4 GiB (128 in flight x their bodies). The bodies a worker holds are bounded now, and a
+    # request past the bound waits with its body unread (TCP holds the client back) rather than
+    # being refused: refusing drained 17 MB a time and left the server reading instead of serving.
+    async with running_app(max_buffered_bytes=4 * len(DIGIT_7) + 100, max_in_flight=64) as client:
+        app = client.app
+        held = [HeldRequest(app) for _ in range(4)]  # four bodies of 235 bytes fit in 1,040
+        await until(lambda: all(h.body_reads == 1 for h in held))
+        fifth = HeldRequest(app)
+        fifth.release()  # its body is there to be read...
+        await asyncio.sleep(0.1)
+        assert fifth.body_reads == 0 and not fifth.task.done()  # ...but it waits, unread
+        held[0].release()
+        await until(lambda: fifth.task.done())
+        assert fifth.status == 200  # in once the first gave its bytes back
+        for h in held[1:]:
+            h.release()
+        await asyncio.wait_for(asyncio.gather(*(h.task for h in held)), 10)
+        assert [h.status for h in held] == [200] * 4
+        # a body larger than the whole budget is taken when the worker holds no other
+        chelsea = (ROOT / "examples" / "chelsea.png").read_bytes()  # 240 KB against 1,040 bytes
+        photo = await client.post("/v1/models/vit-cifar10/classify", files={"image": chelsea})
+        assert photo.status_code == 200, photo.text
+
+
+async def test_a_body_that_waits_past_its_body_timeout_for_room_gets_the_503() -> None:
+    from service.http.middleware.admission import AdmissionMiddleware
+
+    async def app(scope, receive, send) -> None:
+        raise AssertionError("never admitted")
+
+    middleware = AdmissionMiddleware(app, max_in_flight=8, body_timeout=0.05, max_buffered_bytes=1024)
+    middleware.buffered = 1000  # another request holds 1,000 bytes, and keeps them
+    sent: list[dict] = []
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": DIGIT_7, "more_body": False}
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await middleware(asgi_post(CLASSIFY, DIGIT_7), receive, send)
+    assert sent[0]["status"] == 503 and b"PATCHSERVE_MAX_BUFFERED_BYTES" in sent[1]["body"]
+    assert middleware.buffered == 1000 and middleware.in_flight == 0 and not middleware._waiting
+
+
+async def test_a_chunked_body_is_counted_as_it_arrives_and_refused_once_past_the_budget() -> None:
+    from service.http.middleware.admission import AdmissionMiddleware
+
+    reached: list[bytes] = []
+
+    async def app(scope, receive, send) -> None:
+        while True:
+            message = await receive()
+            reached.append(message["body"])
+            if not message.get("more_body"):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware = AdmissionMiddleware(app, max_in_flight=8, body_timeout=60.0, max_buffered_bytes=3000)
+    middleware.buffered = 1000  # another request holds 1,000 bytes
+    chunks = [{"type": "http.request", "body": b"\0" * 1000, "more_body": True}] * 5
+
+    async def receive() -> dict:
+        return chunks.pop(0)
+
+    scope = asgi_post(CLASSIFY, b"")
+    scope["headers"] = [h for h in scope["headers"] if h[0] != b"content-length"]  # chunked: nothing declared
+    with pytest.raises(Exception) as refused:
+        await middleware(scope, receive, lambda message: asyncio.sleep(0))
+    assert getattr(refused.value, "status", None) == 503 and refused.value.headers["Connection"] == "close"
+    assert len(reached) == 2 and middleware.buffered == 1000  # its 3,000 bytes given back
