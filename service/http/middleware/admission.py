@@ -129,7 +129,7 @@ class AdmissionMiddleware:
         While a request waits its body is not read: TCP holds the client back (uvicorn buffers at
         most 64 KiB of an unread body), so the wait costs neither memory nor the CPU of a refusal.
         """
-        if not self._waiting and self._fits(size):
+        if size == 0 or (not self._waiting and self._fits(size)):  # no body (a GET): never waits
             self.buffered += size
             return True
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()

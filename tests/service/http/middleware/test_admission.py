@@ -244,6 +244,7 @@ async def test_a_body_past_the_workers_byte_budget_waits_unread_for_room() -> No
         fifth.release()  # its body is there to be read...
         await asyncio.sleep(0.1)
         assert fifth.body_reads == 0 and not fifth.task.done()  # ...but it waits, unread
+        assert (await client.get("/v1/models")).status_code == 200  # a request without a body never waits
         held[0].release()
         await until(lambda: fifth.task.done())
         assert fifth.status == 200  # in once the first gave its bytes back
