@@ -35,6 +35,7 @@ from service.http.middleware.tracing import TracingMiddleware
 from service.http.problems import install_handlers
 from service.http.routes import health, inference, metrics, models, playground, repository, v2
 from service.http.state import ServerState
+from service.imaging import libtiff
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.prescan_limits import PrescanLimits
 from service.pipeline.inference import DecodeLimits
@@ -213,6 +214,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         RepositoryError: the model repository or a manifest is invalid.
     """
     validate_repository(settings)
+    libtiff.silence()  # its messages would go to stderr, one per bad line of a client's TIFF
     threads = thread_plan(settings)
     decode_threads = threads.decode_threads
     state = ServerState(
