@@ -10,6 +10,7 @@ becomes a label: unknown models and versions are ``("_unknown", "")``.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import re
 import time
@@ -58,14 +59,17 @@ def accounted(request_state: Any | None = None) -> Iterator[Account]:
         The :class:`Account`; call :meth:`Account.model` once the model version is known.
 
     Outcomes: ``success`` when the block ends normally; the ``outcome`` of an exception that
-    has one (every ``ProblemError``: client_error, rejected, timeout, cancelled, error); else
-    ``error`` (a bug of ours). The exception is re-raised.
+    has one (every ``ProblemError``: client_error, rejected, timeout, cancelled, error); ``cancelled``
+    when its task is cancelled; else ``error`` (a bug of ours). The exception is re-raised.
     """
     account = Account(request_state)
     try:
         yield account
     except Exception as exc:
         metrics.observe_request(*account.labels, getattr(exc, "outcome", "error"), account.elapsed())
+        raise
+    except asyncio.CancelledError:  # its task cancelled (the graceful shutdown's timeout): never answered
+        metrics.observe_request(*account.labels, "cancelled", account.elapsed())
         raise
     metrics.observe_request(*account.labels, "success", account.elapsed())
 

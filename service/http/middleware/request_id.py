@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import time
@@ -9,7 +10,9 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.http.problems import problem_response, unexpected
+from service.core import lifecycle
+from service.core.errors import Unavailable
+from service.http.problems import error_response_for, problem_response, unexpected
 from service.http.responses import server_timing
 
 log = logging.getLogger(__name__)
@@ -57,6 +60,16 @@ class RequestIdMiddleware:
 
         try:
             await self.app(scope, receive, send_tracking)
+        except asyncio.CancelledError:
+            if not lifecycle.shutdown_requested():
+                raise
+            # uvicorn cancels what is still running at PATCHSERVE_GRACEFUL_SHUTDOWN_TIMEOUT: answer 503
+            # where nothing was sent yet (else the client read a broken pipe, and the log a traceback)
+            log.warning("request %s abandoned: the graceful shutdown timeout passed", rid)
+            if not started_response:
+                error = Unavailable("the server shut down before this request was done; retry", retry_after=1)
+                error.headers["Connection"] = "close"
+                await error_response_for(scope["path"], error, rid)(scope, receive, send_with_id)
         except Exception as exc:
             # A bug of ours: answer with a problem carrying this request's id and timing (the
             # outermost error handler would answer without them), or, if the response had

@@ -306,3 +306,25 @@ async def test_a_chunked_body_is_counted_as_it_arrives_and_refused_once_past_the
         await middleware(scope, receive, lambda message: asyncio.sleep(0))
     assert getattr(refused.value, "status", None) == 503 and refused.value.headers["Connection"] == "close"
     assert len(reached) == 2 and middleware.buffered == 1000  # its 3,000 bytes given back
+
+
+async def test_a_request_cancelled_at_the_graceful_shutdown_timeout_is_answered_503_and_counted() -> None:
+    # Found by an ops tester: at PATCHSERVE_GRACEFUL_SHUTDOWN_TIMEOUT uvicorn cancels what still runs;
+    # each such request logged an ERROR traceback, its client read a broken pipe, and no metric counted it.
+    from service.core import lifecycle
+
+    async with running_app() as client:
+        before = (await client.get("/metrics")).text
+        stuck = HeldRequest(client.app)  # its body never comes
+        await until(lambda: stuck.body_reads == 1)
+        lifecycle.request_shutdown()
+        try:
+            stuck.task.cancel(msg="Task cancelled, timeout graceful shutdown exceeded")  # as uvicorn does
+            await asyncio.wait([stuck.task], timeout=10)
+        finally:
+            lifecycle.clear_shutdown()
+        after = (await client.get("/metrics")).text
+    assert not stuck.task.cancelled() and stuck.task.exception() is None  # answered, not torn down
+    assert stuck.status == 503 and stuck.headers["connection"] == "close"
+    assert "shut down before this request was done" in stuck.body["detail"]
+    assert delta(before, after, model="vit-digits", version="1", outcome="cancelled") == 1
