@@ -66,7 +66,7 @@ class Settings(BaseSettings):
     max_image_pixels: int = Field(
         40_000_000, ge=64, description="Largest image (width x height, from its header) decoded (413)."
     )
-    max_images_per_request: int = Field(32, ge=1, description="Most images in one request (400).")
+    max_images_per_request: int = Field(32, ge=1, le=1024, description="Most images in one request (400).")
     scaled_decode: bool = Field(
         True,
         description="Decode a JPEG (libjpeg's DCT scaling, 1/2 to 1/8) or a WebP (libwebp's scaler) straight to "

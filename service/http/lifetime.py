@@ -19,7 +19,7 @@ from typing import Annotated, TypeVar
 from fastapi import Header, Query, Request
 from starlette.types import Receive
 
-from service.core.errors import BodyTimeout, ClientDisconnected, DeadlineExceeded
+from service.core.errors import ClientDisconnected, DeadlineExceeded, ProblemError
 from service.http.problems import request_id
 
 log = logging.getLogger(__name__)
@@ -114,7 +114,7 @@ async def drain_body(receive: Receive, headers: Mapping[bytes, bytes], max_bytes
         try:
             async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
                 message = await receive()
-        except (TimeoutError, BodyTimeout):
+        except (TimeoutError, ProblemError):  # late, or refused by the receive channel (the body budget)
             return False
         if message["type"] != "http.request":
             return False  # the client went away

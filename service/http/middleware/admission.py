@@ -17,8 +17,9 @@ Three limits, all answered as problem+json (on /v2 as the protocol's ``{"error":
 * **Body bytes held.** The bodies of the requests a worker holds add up to at most
   ``max_buffered_bytes``: a request whose ``Content-Length`` would take them past it waits, its
   body unread, oldest first, until there is room (one body of any size the cap allows always gets
-  in when the worker holds none), and is refused as above (503, drained) if none came within
-  ``body_timeout``; a chunked body is counted as it arrives, and refused (503, ``Connection:
+  in when the worker holds none; one over the cap holds nothing: its route refuses it), and is
+  refused as above (503, drained) if none came within :data:`WAIT_SECONDS` (and ``body_timeout``)
+  or the server began to shut down; a chunked body is counted as it arrives, and refused (503, ``Connection:
   close``) once it passes. Its bytes are held until the request is answered. Without it, 200
   clients posting 17 MB of photos each took a worker from 170 MiB to 2.4 GiB (128 in flight; found
   by a fresh user), whatever the pixel budget.
@@ -39,6 +40,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.core import lifecycle
 from service.core.errors import BodyTimeout, Unavailable
 from service.http import accounting
 from service.http.lifetime import drain_body
@@ -48,6 +50,8 @@ EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
 # Most seconds a refused request's body is read for (and the body timeout): a 17 MB upload among
 # 200 took ~10 s to arrive on a loaded 2-core machine, and 5 s turned most such 503s into resets.
 DRAIN_SECONDS = 30.0
+WAIT_SECONDS = 10.0  # most a request waits for room in the body budget (and its body timeout): then 503
+SHUTDOWN_POLL_SECONDS = 0.25  # how often a waiting request looks whether the server is shutting down
 # Reads are bounded with asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for with a timeout
 # of 0 cancels a read before it runs (a body that had long arrived got a 408 when the app reached it
 # late), and wait_for can swallow a cancellation that arrives as the read completes, losing an outer
@@ -105,10 +109,13 @@ class AdmissionMiddleware:
             await self._refuse(scope, receive, send)
             return
         arrived = time.monotonic()
-        held = [_declared_length(scope)]  # the bytes this request holds of the worker's body budget
+        declared = _declared_length(scope)
+        # the bytes this request holds of the worker's body budget; none for a body over the cap,
+        # which its route refuses (413) at once: it must not wait, nor make others wait, for room
+        held = [declared if declared <= self.drain_bytes else 0]
         self.in_flight += 1
         try:
-            if not await self._reserve(held[0], arrived + self.body_timeout):
+            if not await self._reserve(held[0], arrived + min(self.body_timeout, WAIT_SECONDS)):
                 await self._refuse(scope, receive, send, self._budget_message())
                 return
             try:
@@ -128,6 +135,8 @@ class AdmissionMiddleware:
 
         While a request waits its body is not read: TCP holds the client back (uvicorn buffers at
         most 64 KiB of an unread body), so the wait costs neither memory nor the CPU of a refusal.
+        Nothing reads a waiting request, so a client that goes away meanwhile is not noticed: its
+        slot is held until the wait ends (at most :data:`WAIT_SECONDS`). A shutdown ends every wait.
         """
         if size == 0 or (not self._waiting and self._fits(size)):  # no body (a GET): never waits
             self.buffered += size
@@ -135,35 +144,46 @@ class AdmissionMiddleware:
         turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.append((size, turn))
         try:
-            async with asyncio.timeout(max(deadline - time.monotonic(), 0.0)):
-                await turn  # _give_back reserves the bytes before it wakes a waiter
-        except TimeoutError:
-            pass
+            while not turn.done() and not lifecycle.shutdown_requested():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                with contextlib.suppress(TimeoutError):  # wakes to look at the shutdown flag
+                    await asyncio.wait_for(asyncio.shield(turn), min(left, SHUTDOWN_POLL_SECONDS))
         except BaseException:  # cancelled (the server stops): bytes reserved for it go back
-            if turn.done() and not turn.cancelled():
-                self._give_back(size)
+            self._leave(size, turn)
             raise
-        finally:
-            with contextlib.suppress(ValueError):
-                self._waiting.remove((size, turn))
         if turn.done() and not turn.cancelled():
             return True  # its turn came, even as its time ran out: the bytes are reserved for it
-        turn.cancel()
+        self._leave(size, turn)
         return False
+
+    def _leave(self, size: int, turn: asyncio.Future[None]) -> None:
+        """A waiter gives up: bytes already reserved for it go back, and those behind it may now fit."""
+        if turn.done() and not turn.cancelled():
+            self._give_back(size)
+            return
+        turn.cancel()
+        with contextlib.suppress(ValueError):
+            self._waiting.remove((size, turn))
+        self._wake()
 
     def _give_back(self, size: int) -> None:
         self.buffered -= size
+        self._wake()
+
+    def _wake(self) -> None:
+        """Reserve, oldest first, for the waiters that fit now, and wake them."""
         while self._waiting and self._fits(self._waiting[0][0]):
             size, turn = self._waiting.popleft()
-            if not turn.done():  # (a waiter that timed out meanwhile is skipped)
+            if not turn.done():  # (a waiter that gave up meanwhile is skipped)
                 self.buffered += size
                 turn.set_result(None)
 
     def _budget_message(self) -> str:
         return (
-            f"this worker already holds {self.buffered / 2**20:.1f} MiB of request bodies, and "
-            f"PATCHSERVE_MAX_BUFFERED_BYTES is {(self.max_buffered_bytes or 0) / 2**20:.1f} MiB; "
-            f"retry after {self.retry_after} s"
+            f"no room for this request's body: this worker holds {self.buffered:,} bytes of request bodies, "
+            f"PATCHSERVE_MAX_BUFFERED_BYTES is {self.max_buffered_bytes or 0:,}; retry after {self.retry_after} s"
         )
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send, why: str | None = None) -> None:

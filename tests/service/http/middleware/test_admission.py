@@ -328,3 +328,54 @@ async def test_a_request_cancelled_at_the_graceful_shutdown_timeout_is_answered_
     assert stuck.status == 503 and stuck.headers["connection"] == "close"
     assert "shut down before this request was done" in stuck.body["detail"]
     assert delta(before, after, model="vit-digits", version="1", outcome="cancelled") == 1
+
+
+async def test_the_body_budget_queue_never_stalls_behind_what_cannot_fit() -> None:
+    # Found by a reviewer: a header-only POST declaring 10**12 bytes waited at the head of the queue
+    # and every upload behind it waited the body timeout; and a waiter that gave up woke nobody.
+    from service.core import lifecycle
+    from service.core.errors import Unavailable
+    from service.http.lifetime import drain_body
+    from service.http.middleware.admission import AdmissionMiddleware
+
+    admitted: list[int] = []
+
+    async def app(scope, receive, send) -> None:
+        admitted.append(len(admitted))
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def send(message: dict) -> None:
+        pass
+
+    async def nothing() -> dict:
+        await asyncio.Event().wait()  # a client that sends its headers only
+        return {}
+
+    middleware = AdmissionMiddleware(app, max_in_flight=8, body_timeout=60.0, drain_bytes=5000, max_buffered_bytes=100)
+    middleware.buffered = 60  # another request holds 60 of the 100 bytes
+    huge = asgi_post(CLASSIFY, b"")
+    huge["headers"] = [
+        (b"content-length", b"1000000000000") if k == b"content-length" else (k, v) for k, v in huge["headers"]
+    ]
+    await asyncio.wait_for(middleware(huge, nothing, send), 5)  # over the body cap: holds nothing, its route refuses it
+    assert admitted == [0] and middleware.buffered == 60 and not middleware._waiting
+
+    now = time.monotonic()
+    behind = await asyncio.gather(middleware._reserve(50, now + 0.05), middleware._reserve(10, now + 30))
+    assert behind == [False, True] and middleware.buffered == 70  # the second was woken when the first gave up
+    middleware._give_back(10)
+
+    waiting = asyncio.create_task(middleware._reserve(50, time.monotonic() + 30))
+    await until(lambda: middleware._waiting)
+    lifecycle.request_shutdown()  # every wait ends at a shutdown: no waiter holds up the drain
+    try:
+        assert await asyncio.wait_for(waiting, 5) is False
+    finally:
+        lifecycle.clear_shutdown()
+    assert middleware.buffered == 60 and not middleware._waiting
+
+    async def refused() -> dict:
+        raise Unavailable("no room")
+
+    assert await drain_body(refused, {}, 10_000, 5.0) is False  # a 413's drain stops there: the 413 stands
