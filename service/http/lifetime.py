@@ -89,6 +89,22 @@ async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     raise ClientDisconnected("the client disconnected before the response was ready")
 
 
+OVERLONG = 1 << 62  # what a Content-Length of more than 18 significant digits counts as: more than any cap
+
+
+def content_length(value: str | bytes) -> int | None:
+    """A ``Content-Length`` header's value as a number of bytes; None when it is not one.
+
+    Leading zeros are dropped, and more than 18 digits count as :data:`OVERLONG`: Python refuses to
+    parse a number of more than 4,300 digits (a ValueError), which httptools lets through.
+    """
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    if not text.isascii() or not text.isdigit():
+        return None
+    digits = text.lstrip("0")
+    return OVERLONG if len(digits) > 18 else int(digits or "0")
+
+
 async def drain_body(receive: Receive, headers: Mapping[bytes, bytes], max_bytes: int, seconds: float) -> bool:
     """Read and drop the rest of a request's body (never kept: one chunk at a time); whether all of it was read.
 
@@ -105,8 +121,8 @@ async def drain_body(receive: Receive, headers: Mapping[bytes, bytes], max_bytes
     """
     if b"100-continue" in headers.get(b"expect", b"").lower():
         return False  # the client sends no body until told to: answer now
-    declared = headers.get(b"content-length", b"")
-    if declared.isdigit() and int(declared) > max_bytes:
+    declared = content_length(headers.get(b"content-length", b""))
+    if declared is not None and declared > max_bytes:
         return False
     deadline = time.monotonic() + seconds
     read = 0

@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.core.json_bounds import V1_CONTAINERS, check_containers
-from service.http.lifetime import DRAIN_SECONDS, drain_body
+from service.http.lifetime import DRAIN_SECONDS, OVERLONG, content_length, drain_body
 from service.http.openapi import DIGIT_PNG_BASE64
 
 if TYPE_CHECKING:
@@ -88,12 +88,14 @@ async def _chunks(request: Request, max_bytes: int) -> AsyncIterator[bytes]:
             ``max_bytes`` (413).
         BadRequest: the client went away mid-body, or the Content-Length is not a number.
     """
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise BadRequest(f"Content-Length {declared!r} is not a number")
-        if int(declared) > max_bytes:
-            raise await _too_large(request, f"the body is {declared} bytes; the limit is {max_bytes}", max_bytes)
+    header = request.headers.get("content-length")
+    if header is not None:
+        declared = content_length(header)
+        if declared is None:
+            raise BadRequest(f"Content-Length {header[:64]!r} is not a number")
+        if declared > max_bytes:
+            said = f"{declared}" if declared != OVERLONG else "more than 10**18"
+            raise await _too_large(request, f"the body is {said} bytes; the limit is {max_bytes}", max_bytes)
     size = 0
     try:
         async for chunk in request.stream():

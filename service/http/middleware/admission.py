@@ -43,7 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.core import lifecycle
 from service.core.errors import BodyTimeout, Unavailable
 from service.http import accounting
-from service.http.lifetime import drain_body
+from service.http.lifetime import content_length, drain_body
 from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -59,10 +59,14 @@ SHUTDOWN_POLL_SECONDS = 0.25  # how often a waiting request looks whether the se
 
 
 def _declared_length(scope: Scope) -> int:
-    """The request's ``Content-Length`` (0 when absent or not a number: the route refuses the latter)."""
+    """The body bytes a request of a route that reads bodies declares (its ``Content-Length``; 0 when
+    absent or not a number, which its route refuses, and for every other route: they read none)."""
+    path = scope["path"]
+    if scope.get("method") != "POST" or not (path.startswith("/v1/models/") or path.startswith("/v2/")):
+        return 0  # (a keyless POST to a public path such as / would otherwise wait in the queue)
     for name, value in scope.get("headers", []):
         if name == b"content-length":
-            return int(value) if value.isdigit() else 0
+            return content_length(value) or 0
     return 0
 
 
@@ -116,7 +120,10 @@ class AdmissionMiddleware:
         self.in_flight += 1
         try:
             if not await self._reserve(held[0], arrived + min(self.body_timeout, WAIT_SECONDS)):
-                await self._refuse(scope, receive, send, self._budget_message())
+                # (at a shutdown, answered at once: waiting for the body would hold up the drain)
+                await self._refuse(
+                    scope, receive, send, self._budget_message(), drain=not lifecycle.shutdown_requested()
+                )
                 return
             try:
                 await self.app(scope, self._with_deadline(receive, scope.setdefault("state", {}), held, arrived), send)
@@ -149,7 +156,8 @@ class AdmissionMiddleware:
                 if left <= 0:
                     break
                 with contextlib.suppress(TimeoutError):  # wakes to look at the shutdown flag
-                    await asyncio.wait_for(asyncio.shield(turn), min(left, SHUTDOWN_POLL_SECONDS))
+                    async with asyncio.timeout(min(left, SHUTDOWN_POLL_SECONDS)):  # (wait_for can lose a cancel)
+                        await asyncio.shield(turn)
         except BaseException:  # cancelled (the server stops): bytes reserved for it go back
             self._leave(size, turn)
             raise
@@ -186,7 +194,9 @@ class AdmissionMiddleware:
             f"PATCHSERVE_MAX_BUFFERED_BYTES is {self.max_buffered_bytes or 0:,}; retry after {self.retry_after} s"
         )
 
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send, why: str | None = None) -> None:
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, why: str | None = None, *, drain: bool = True
+    ) -> None:
         state: dict[str, Any] = scope.setdefault("state", {})
         labels = accounting.inference_labels(scope)
         if labels is not None:
@@ -198,7 +208,7 @@ class AdmissionMiddleware:
             f"retry after {self.retry_after} s",
             retry_after=self.retry_after,
         )
-        if not await self._drain(scope, receive):
+        if not drain or not await self._drain(scope, receive):
             error.headers["Connection"] = "close"
         await error_response_for(scope["path"], error, state.get("request_id"))(scope, receive, send)
 

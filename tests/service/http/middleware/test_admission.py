@@ -379,3 +379,58 @@ async def test_the_body_budget_queue_never_stalls_behind_what_cannot_fit() -> No
         raise Unavailable("no room")
 
     assert await drain_body(refused, {}, 10_000, 5.0) is False  # a 413's drain stops there: the 413 stands
+
+
+async def test_the_budget_holds_only_bodies_routes_read_and_a_stopping_server_answers_waiters_at_once() -> None:
+    # A second look by the reviewer: a keyless POST / declaring 1 MiB waited in the queue holding a
+    # slot; a header-only waiter refused at a shutdown then waited 30 s for its body, holding up the drain.
+    from service.core import lifecycle
+    from service.http.middleware.admission import AdmissionMiddleware, _declared_length
+
+    one_mib = [(b"content-length", b"1048576")]
+    assert _declared_length({"path": "/", "method": "POST", "headers": one_mib}) == 0
+    assert _declared_length({"path": "/v1/models/vit-digits/classify", "method": "POST", "headers": one_mib}) == 1 << 20
+    assert _declared_length({"path": "/v2/models/vit-digits/infer", "method": "GET", "headers": one_mib}) == 0
+
+    reads: list[int] = []
+
+    async def never(scope, receive, send) -> None:
+        raise AssertionError("never admitted")
+
+    async def receive() -> dict:
+        reads.append(1)
+        await asyncio.Event().wait()  # headers only: the body never comes
+        return {}
+
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    middleware = AdmissionMiddleware(never, max_in_flight=8, body_timeout=60.0, max_buffered_bytes=1024)
+    middleware.buffered = 1000
+    waiting = asyncio.create_task(middleware(asgi_post(CLASSIFY, DIGIT_7), receive, send))
+    await until(lambda: middleware._waiting)
+    lifecycle.request_shutdown()
+    try:
+        await asyncio.wait_for(waiting, 5)
+    finally:
+        lifecycle.clear_shutdown()
+    headers = dict(sent[0]["headers"])
+    assert sent[0]["status"] == 503 and headers[b"connection"] == b"close" and reads == []  # not drained
+
+
+async def test_a_content_length_of_thousands_of_digits_is_no_500() -> None:
+    # The reviewer: Python refuses int() of more than 4,300 digits, which httptools lets through;
+    # every route answered 500 with a traceback.
+    from service.http.lifetime import OVERLONG, content_length
+
+    assert content_length(b"0" * 5000 + b"1") == 1 and content_length("9" * 19) == OVERLONG
+    assert content_length(b"12abc") is None and content_length("") is None and content_length("\u0661") is None
+    async with running_app() as client:
+        listed = await client.get("/v1/models", headers={"content-length": "0" * 5000})
+        huge = await client.post(
+            CLASSIFY, content=DIGIT_7, headers={"content-length": "9" * 5000, "content-type": "image/png"}
+        )
+    assert listed.status_code == 200
+    assert huge.status_code == 413 and "more than 10**18" in huge.json()["detail"]
