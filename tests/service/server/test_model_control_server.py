@@ -138,7 +138,8 @@ def test_polling_publishes_v2_retires_v1_and_refuses_corrupt_v3_under_load(repos
         traffic = Load(url, images(tmp_path))
         traffic.until_answered(40)
         publish(repository, "vit-digits", 2)  # (a): version 2 by polling; (c): latest 1 retires version 1
-        until(lambda: index(url) == {"2": ("READY", "")}, "version 2 serving and version 1 released")
+        released = {"1": ("UNAVAILABLE", "unloaded"), "2": ("READY", "")}  # kept in the index, as Triton does
+        until(lambda: index(url) == released, "version 2 serving and version 1 released")
         swapped_at = time.monotonic()
         traffic.until_answered(40, since=swapped_at)
         publish(repository, "vit-digits", 3, "bad-manifest")  # (d): refused, version 2 keeps serving
@@ -187,13 +188,14 @@ def test_load_api_publishes_v2_under_load_through_tritonclient(repository: Path,
         client.load_model("vit-digits")  # returns once version 2 serves
         assert client.is_model_ready("vit-digits", "2")
         until(lambda: client.get_model_repository_index() == [
-            {"name": "vit-digits", "version": "2", "state": "READY", "reason": ""}
+            {"name": "vit-digits", "version": "1", "state": "UNAVAILABLE", "reason": "unloaded"},
+            {"name": "vit-digits", "version": "2", "state": "READY", "reason": ""},
         ], "version 1 released")  # fmt: skip
         swapped_at = time.monotonic()
         traffic.until_answered(40, since=swapped_at)
         answers = traffic.finish()
         client.unload_model("vit-digits")  # (f)
-        until(lambda: client.get_model_repository_index()[0]["state"] == "UNAVAILABLE", "unloaded")
+        until(lambda: {e["state"] for e in client.get_model_repository_index()} == {"UNAVAILABLE"}, "unloaded")
         assert not client.is_model_ready("vit-digits")
         client.load_model("vit-digits")
         assert client.is_model_ready("vit-digits", "2")
