@@ -11,13 +11,15 @@ from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
-from pydantic import BaseModel
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
 
 from service import tasks
 from service.core.errors import BadRequest, DeadlineExceeded
 from service.http.accounting import accounted
 from service.http.deps import State, Version, get_repository
 from service.http.lifetime import (
+    TIMEOUT_HEADER,
     body_by_deadline,
     deadline_passed_after_the_body,
     requested_timeout,
@@ -218,6 +220,42 @@ def _endpoint(task: Task[Any]) -> Callable[..., Coroutine[Any, Any, Response]]:
     return endpoint
 
 
+_TIMEOUT_HEADER = TIMEOUT_HEADER.lower().encode("latin-1")
+
+
+def _route_class(task: Task[Any]) -> type[APIRoute]:
+    """An ``APIRoute`` for ``task`` that answers a request with nothing to validate without FastAPI's solver.
+
+    A request with no query string and no ``X-Request-Timeout`` header has nothing for the
+    route's dependencies to read: its parameters are ``task.Params()``'s defaults, the highest
+    version and no requested timeout. FastAPI's dependency solver still takes about 0.15 ms of
+    the event loop for such a request (fastapi 0.165, measured with cProfile: a third of the
+    loop's CPU per request on a small model), so this handler calls :func:`serve` directly for
+    it. Every other request takes FastAPI's own handler, so validation, its errors and the
+    OpenAPI document (built from the endpoint's signature) are unchanged.
+    """
+
+    class InferenceRoute(APIRoute):
+        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+            general = super().get_route_handler()
+            try:
+                task.Params()
+            except ValidationError:  # a required parameter: every request must be validated
+                return general
+
+            async def handler(request: Request) -> Response:
+                scope = request.scope
+                if scope["query_string"] or any(key == _TIMEOUT_HEADER for key, _ in scope["headers"]):
+                    return await general(request)
+                request.state.requested_timeout = None
+                state = request.app.state.server
+                return await serve(request, state, scope["path_params"]["name"], None, task, task.Params())
+
+            return handler
+
+    return InferenceRoute
+
+
 def build_router() -> APIRouter:
     """One route per registered task, ``POST /v1/models/{name}/{verb}``, all served by :func:`serve`.
 
@@ -234,5 +272,6 @@ def build_router() -> APIRouter:
             openapi_extra=OPENAPI_IMAGE_BODY,
             response_class=JSON,
             responses=_responses(task),
+            route_class_override=_route_class(task),
         )
     return router
