@@ -28,6 +28,9 @@ T = TypeVar("T")
 
 TIMEOUT_HEADER = "X-Request-Timeout"
 DRAIN_SECONDS = 5.0  # most time spent reading a body that will not be used before answering its request
+# request-state key: set while a route reads and drops the rest of a body it refused (a 413). Those bytes
+# are never kept, so admission's body budget does not count them (service.http.middleware.admission).
+BODY_DROPPED = "body_dropped"
 
 
 async def requested_timeout(  # async: a plain def dependency would run in FastAPI's thread pool

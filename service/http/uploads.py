@@ -25,7 +25,7 @@ from starlette.requests import ClientDisconnect, Request
 
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.core.json_bounds import V1_CONTAINERS, check_containers
-from service.http.lifetime import DRAIN_SECONDS, OVERLONG, content_length, drain_body
+from service.http.lifetime import BODY_DROPPED, DRAIN_SECONDS, OVERLONG, content_length, drain_body
 from service.http.openapi import DIGIT_PNG_BASE64
 
 if TYPE_CHECKING:
@@ -114,7 +114,9 @@ DRAIN_FACTOR = 4  # a body over the cap is read and dropped before its 413 when 
 async def _too_large(request: Request, detail: str, max_bytes: int) -> PayloadTooLarge:
     """The 413, once the rest of the body is read and dropped (:func:`~service.http.lifetime.drain_body`:
     a client that writes its whole body before reading, as urllib does, gets the 413, not a reset);
-    with ``Connection: close`` when it was not (a body over ``DRAIN_FACTOR`` x the cap, or late)."""
+    with ``Connection: close`` when it was not (a body over ``DRAIN_FACTOR`` x the cap, or late). The dropped
+    bytes are not counted in the worker's body budget: they are never kept."""
+    request.scope.setdefault("state", {})[BODY_DROPPED] = True
     drained = await drain_body(request.receive, dict(request.scope["headers"]), DRAIN_FACTOR * max_bytes, DRAIN_SECONDS)
     return PayloadTooLarge(detail, headers={} if drained else {"Connection": "close"})
 

@@ -43,7 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.core import lifecycle
 from service.core.errors import BodyTimeout, Unavailable
 from service.http import accounting
-from service.http.lifetime import content_length, drain_body
+from service.http.lifetime import BODY_DROPPED, content_length, drain_body
 from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -228,7 +228,8 @@ class AdmissionMiddleware:
 
         ``state["body_done"]`` (the request's state) says whether the whole body has been received.
         ``held[0]``, the body bytes the request holds of the worker's budget, grows as more than it
-        declared arrives; past the budget, :class:`Unavailable` (503, ``Connection: close``).
+        declared arrives; past the budget, :class:`Unavailable` (503, ``Connection: close``). Bytes a
+        route reads only to drop them (``state[BODY_DROPPED]``, its 413's drain) are not counted.
         """
         deadline = (time.monotonic() if arrived is None else arrived) + self.body_timeout
         body_done = False
@@ -251,6 +252,8 @@ class AdmissionMiddleware:
                 ) from None
             body_done = message["type"] != "http.request" or not message.get("more_body", False)
             state["body_done"] = body_done
+            if state.get(BODY_DROPPED):
+                return message  # read and dropped, never kept: not the budget's
             received += len(message.get("body", b""))
             if received > held[0]:  # a chunked body (or more than declared): counted as it arrives
                 more, held[0] = received - held[0], received

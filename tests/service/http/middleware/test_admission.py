@@ -308,6 +308,39 @@ async def test_a_chunked_body_is_counted_as_it_arrives_and_refused_once_past_the
     assert len(reached) == 2 and middleware.buffered == 1000  # its 3,000 bytes given back
 
 
+async def test_the_bytes_a_413_reads_and_drops_are_not_counted_in_the_budget() -> None:
+    from starlette.requests import Request
+
+    from service.http.middleware.admission import AdmissionMiddleware
+    from service.http.uploads import _too_large
+
+    answers: list[object] = []
+
+    async def app(scope, receive, send) -> None:  # a route that reads a chunk, finds the body over its cap
+        request = Request(scope, receive)
+        first = await receive()
+        assert first["more_body"]
+        answers.append(await _too_large(request, "over the cap", max_bytes=1000))
+        await send({"type": "http.response.start", "status": 413, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    middleware = AdmissionMiddleware(app, max_in_flight=8, body_timeout=60.0, max_buffered_bytes=3000)
+    middleware.buffered = 1000  # another request holds 1,000 bytes
+    chunks = [{"type": "http.request", "body": b"\0" * 1000, "more_body": True}] * 3
+    chunks.append({"type": "http.request", "body": b"\0" * 500, "more_body": False})  # 3,500: within 4x the cap
+
+    async def receive() -> dict:
+        return chunks.pop(0)
+
+    scope = asgi_post(CLASSIFY, b"")
+    scope["headers"] = [h for h in scope["headers"] if h[0] != b"content-length"]  # chunked: nothing declared
+    await middleware(scope, receive, lambda message: asyncio.sleep(0))
+    (too_large,) = answers
+    assert getattr(too_large, "status", None) == 413
+    assert "Connection" not in too_large.headers  # the whole body was read: the client gets the 413, no reset
+    assert chunks == [] and middleware.buffered == 1000  # its first 1,000 bytes given back; 2,500 never counted
+
+
 async def test_a_request_cancelled_at_the_graceful_shutdown_timeout_is_answered_503_and_counted() -> None:
     # Found by an ops tester: at PATCHSERVE_GRACEFUL_SHUTDOWN_TIMEOUT uvicorn cancels what still runs;
     # each such request logged an ERROR traceback, its client read a broken pipe, and no metric counted it.
