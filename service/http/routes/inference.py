@@ -232,7 +232,8 @@ def _route_class(task: Task[Any]) -> type[APIRoute]:
     the event loop for such a request (fastapi 0.165, measured with cProfile: a third of the
     loop's CPU per request on a small model), so this handler calls :func:`serve` directly for
     it. Every other request takes FastAPI's own handler, so validation, its errors and the
-    OpenAPI document (built from the endpoint's signature) are unchanged.
+    OpenAPI document (built from the endpoint's signature) are unchanged. The direct handler does
+    not look at ``app.dependency_overrides`` (the server sets none).
     """
 
     class InferenceRoute(APIRoute):
