@@ -26,7 +26,8 @@ sessions and buffers are let go, and it is listed ``UNAVAILABLE`` ``"unloaded"``
 
 **Failure.** A version that fails to load never enters the table, so it never displaces the one
 serving: it is logged, counted in ``patchserve_model_loads_total{outcome="failure"}``, and shown
-with its reason until its files change (the poller then tries again) or a load asks again.
+with its reason until its files change (the poller then tries again) or a load asks again; a
+version rewritten in place whose new files fail stays ``READY`` on its earlier ones, with that reason.
 
 Every method runs on the event loop; one change at a time (a lock), so two loads never compete.
 """
@@ -34,6 +35,7 @@ Every method runs on the event loop; one change at a time (a lock), so two loads
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -230,7 +232,7 @@ class ModelControl:
             log.error("model %s version %d: failed to load; what serves is unchanged: %s", name, version, reason)
             metrics.MODEL_LOADS.labels(name, str(version), "failure").inc()
             states[version] = VersionState(UNAVAILABLE, reason, found.fingerprint, failed=True)
-            await asyncio.to_thread(_collect_garbage)  # the failed sessions' memory goes back now
+            await asyncio.to_thread(gc.collect)  # the failed sessions' memory goes back now
             return False
         await model.batcher.start()
         del states[version]
@@ -375,7 +377,10 @@ class ModelControl:
         for name in sorted(names):
             versions = {v: VersionState(READY) for v in self.repository.models.get(name, {})}
             for version, state in self.states.get(name, {}).items():
-                versions.setdefault(version, state)
+                if version not in versions:
+                    versions[version] = state
+                elif state.failed:  # rewritten in place and its new files failed: the earlier ones still serve
+                    versions[version] = VersionState(READY, f"serving earlier files; new ones failed: {state.reason}")
             for version, state in sorted(versions.items()):
                 entries.append({"name": name, "version": str(version), "state": state.state, "reason": state.reason})
             if not versions:
@@ -392,9 +397,3 @@ def _loaded(model: ModelVersion) -> None:
         1
     )
     metrics.export_choices(model)
-
-
-def _collect_garbage() -> None:
-    import gc
-
-    gc.collect()

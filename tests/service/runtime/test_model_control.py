@@ -386,6 +386,21 @@ async def test_a_version_rewritten_in_place_is_loaded_again_and_swapped(reposito
         assert sample(metrics, "patchserve_model_info", model="vit-digits", version="1") == 1
 
 
+async def test_a_version_rewritten_in_place_with_broken_files_stays_ready_and_says_why(repository: Path) -> None:
+    # Left from a review: the index showed such a version READY with no reason (only /v1/models told).
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
+        publish(repository, "vit-digits", 2, "wrong-input")
+        # version 1's graph replaced atomically by one the manifest does not fit
+        (repository / "vit-digits" / "2" / "model.onnx").replace(repository / "vit-digits" / "1" / "model.onnx")
+        shutil.rmtree(repository / "vit-digits" / "2")
+        refused = await client.post(LOAD)
+        assert refused.status_code == 400 and "'pixels'" in refused.json()["error"], refused.text
+        assert (await classify(client)).json()["version"] == "1"  # its earlier files' sessions still serve
+        (entry,) = (await client.post(INDEX)).json()
+        assert entry["version"] == "1" and entry["state"] == "READY"
+        assert entry["reason"].startswith("serving earlier files; new ones failed") and "'pixels'" in entry["reason"]
+
+
 async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
     async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
         loader, proceed = control(client).loader, threading.Event()
