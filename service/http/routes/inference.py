@@ -228,10 +228,10 @@ def _route_class(task: Task[Any]) -> type[APIRoute]:
 
     A request with no query string and no ``X-Request-Timeout`` header has nothing for the
     route's dependencies to read: its parameters are ``task.Params()``'s defaults, the highest
-    version and no requested timeout. FastAPI's dependency solver still takes about 0.15 ms of
-    the event loop for such a request (fastapi 0.165, measured with cProfile: a third of the
-    loop's CPU per request on a small model), so this handler calls :func:`serve` directly for
-    it. Every other request takes FastAPI's own handler, so validation, its errors and the
+    version and no requested timeout. FastAPI's dependency solver still took a third of the event
+    loop's Python time for such a request (fastapi 0.165, cProfile, ``vit-cifar10``); without it
+    the loop's CPU per request fell by about 0.2 ms on a 2-core VM (``python -m bench.loop_cpu``;
+    docs/performance.md), so this handler calls :func:`serve` directly for it. Every other request takes FastAPI's own handler, so validation, its errors and the
     OpenAPI document (built from the endpoint's signature) are unchanged. The direct handler does
     not look at ``app.dependency_overrides`` (the server sets none).
     """
