@@ -231,9 +231,10 @@ def _route_class(task: Task[Any]) -> type[APIRoute]:
     version and no requested timeout. FastAPI's dependency solver still took a third of the event
     loop's Python time for such a request (fastapi 0.165, cProfile, ``vit-cifar10``); without it
     the loop's CPU per request fell by about 0.2 ms on a 2-core VM (``python -m bench.loop_cpu``;
-    docs/performance.md), so this handler calls :func:`serve` directly for it. Every other request takes FastAPI's own handler, so validation, its errors and the
-    OpenAPI document (built from the endpoint's signature) are unchanged. The direct handler does
-    not look at ``app.dependency_overrides`` (the server sets none).
+    docs/performance.md), so this handler calls :func:`serve` directly for it. Every other
+    request takes FastAPI's own handler, so validation, its errors and the OpenAPI document (built
+    from the endpoint's signature) are unchanged. The direct handler does not look at
+    ``app.dependency_overrides`` (the server sets none).
     """
 
     class InferenceRoute(APIRoute):
