@@ -31,6 +31,26 @@ DRAIN_SECONDS = 5.0  # most time spent reading a body that will not be used befo
 # request-state key: set while a route reads and drops the rest of a body it refused (a 413). Those bytes
 # are never kept, so admission's body budget does not count them (service.http.middleware.admission).
 BODY_DROPPED = "body_dropped"
+# request-state key: admission's callable that counts more bytes of a body the request holds, once a route
+# has made them (an inflated /v2 body); :func:`hold_more_body`.
+HOLD_MORE_BODY = "hold_more_body"
+
+
+def hold_more_body(request: Request, size: int) -> None:
+    """Count ``size`` more bytes of body this request holds (an inflated /v2 body) in admission's budget.
+
+    Admission counts a body at the size it arrives; a route that makes more of it (gzip's 1,000:1
+    turns a 32 KiB upload into a 32 MiB one) adds what it made, held until the request is answered.
+    A no-op when no admission middleware runs (``PATCHSERVE_MAX_IN_FLIGHT`` 0, or an app in a test).
+
+    Raises:
+        Unavailable: 503 with ``Retry-After``, when ``size`` takes the worker past
+            ``PATCHSERVE_MAX_BUFFERED_BYTES`` while other requests hold bodies (as a body arriving
+            past it would; one request alone always gets in).
+    """
+    hold = request.scope.get("state", {}).get(HOLD_MORE_BODY)
+    if hold is not None:
+        hold(size)
 
 
 async def requested_timeout(  # async: a plain def dependency would run in FastAPI's thread pool

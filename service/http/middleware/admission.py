@@ -20,7 +20,9 @@ Three limits, all answered as problem+json (on /v2 as the protocol's ``{"error":
   in when the worker holds none; one over the cap holds nothing: its route refuses it), and is
   refused as above (503, drained) if none came within :data:`WAIT_SECONDS` (and ``body_timeout``)
   or the server began to shut down; a chunked body is counted as it arrives, and refused (503, ``Connection:
-  close``) once it passes. Its bytes are held until the request is answered. Without it, 200
+  close``) once it passes; a /v2 body sent compressed counts again at its inflated size once its
+  route inflates it (:func:`~service.http.lifetime.hold_more_body`: 503 past the budget, as a body
+  arriving past it). Its bytes are held until the request is answered. Without it, 200
   clients posting 17 MB of photos each took a worker from 170 MiB to 2.4 GiB (128 in flight; found
   by a fresh user), whatever the pixel budget.
 * **Body-read time.** The whole body must arrive within ``body_timeout`` seconds of the request's
@@ -43,7 +45,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from service.core import lifecycle
 from service.core.errors import BodyTimeout, Unavailable
 from service.http import accounting
-from service.http.lifetime import BODY_DROPPED, content_length, drain_body
+from service.http.lifetime import BODY_DROPPED, HOLD_MORE_BODY, content_length, drain_body
 from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
@@ -125,8 +127,10 @@ class AdmissionMiddleware:
                     scope, receive, send, self._budget_message(), drain=not lifecycle.shutdown_requested()
                 )
                 return
+            state = scope.setdefault("state", {})
+            state[HOLD_MORE_BODY] = lambda size: self._hold_more(held, size)
             try:
-                await self.app(scope, self._with_deadline(receive, scope.setdefault("state", {}), held, arrived), send)
+                await self.app(scope, self._with_deadline(receive, state, held, arrived), send)
             finally:
                 self._give_back(held[0])
         finally:
@@ -187,6 +191,18 @@ class AdmissionMiddleware:
             if not turn.done():  # (a waiter that gave up meanwhile is skipped)
                 self.buffered += size
                 turn.set_result(None)
+
+    def _hold_more(self, held: list[int], size: int) -> None:
+        """Count ``size`` more body bytes a route made for its request (``held``); 503 past the budget.
+
+        As a chunked body's bytes: counted at once and given back with the rest when the request is
+        answered; past ``max_buffered_bytes`` while other requests hold bodies, :class:`Unavailable`.
+        """
+        others = self.buffered - held[0]
+        held[0] += size
+        self.buffered += size
+        if self.max_buffered_bytes is not None and others > 0 and self.buffered > self.max_buffered_bytes:
+            raise Unavailable(self._budget_message(), retry_after=self.retry_after)
 
     def _budget_message(self) -> str:
         return (

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.core.errors import BadRequest, ProblemError
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, Version, get_repository
-from service.http.lifetime import body_by_deadline, requested_timeout, unless_disconnected
+from service.http.lifetime import body_by_deadline, hold_more_body, requested_timeout, unless_disconnected
 from service.http.methods import catch_all, not_allowed
 from service.http.middleware.access_log import logged_path
 from service.http.problems import count_refused_inference, protocol_error_response, unexpected
@@ -287,7 +287,10 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
             request,
             settings.max_body_bytes,
         )
-        body = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
+        inflated = inflate(body, request.headers.get("content-encoding"), settings.max_body_bytes)
+        if inflated is not body:  # held beside the compressed body until answered: the budget counts both
+            hold_more_body(request, len(inflated))
+        body = inflated
         parse_started = time.perf_counter()
         limit = max_values(model, settings.max_images_per_request)
         parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), limit)

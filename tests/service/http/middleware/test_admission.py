@@ -467,3 +467,31 @@ async def test_a_content_length_of_thousands_of_digits_is_no_500() -> None:
         )
     assert listed.status_code == 200
     assert huge.status_code == 413 and "more than 10**18" in huge.json()["detail"]
+
+
+async def test_an_inflated_v2_body_counts_at_its_inflated_size_in_the_budget() -> None:
+    # Admission counted a compressed /v2 body at its compressed size: gzip's 1,000:1 let requests that
+    # each fit the budget hold a thousand times it once inflated. The inflated bytes count now.
+    import gzip
+
+    import orjson
+
+    from tests.service.helpers import INFER, digit_tensor, json_request
+
+    body = orjson.dumps(json_request(digit_tensor(DIGIT_7))) + b" " * 100_000  # JSON allows the spaces
+    compressed = gzip.compress(body)
+    assert len(compressed) + len(DIGIT_7) < 2000 < len(body)
+    headers = {"Content-Encoding": "gzip", "Content-Type": "application/json"}
+    async with running_app(max_buffered_bytes=2000, max_in_flight=64) as client:
+        alone = await client.post(INFER, content=compressed, headers=headers)
+        assert alone.status_code == 200, alone.text  # one request alone always gets in
+        held = HeldRequest(client.app)  # another request holds its 235 bytes
+        await until(lambda: held.body_reads == 1)
+        refused = await client.post(INFER, content=compressed, headers=headers)
+        assert refused.status_code == 503 and "PATCHSERVE_MAX_BUFFERED_BYTES" in refused.json()["error"]
+        assert refused.headers["Retry-After"] == "1"
+        held.release()
+        await asyncio.wait_for(held.task, 10)
+        assert held.status == 200
+        again = await client.post(INFER, content=compressed, headers=headers)
+        assert again.status_code == 200, again.text  # the refused request's bytes were given back
