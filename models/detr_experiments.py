@@ -8,7 +8,14 @@ trains one named recipe of ``RECIPES`` with :func:`models.train_detr.train` into
 finished recipe to ``docs/detr-digits-experiments/results.md`` (and ``results.json``). Each run
 is resumable: run the same command again after an interruption and it continues from
 ``last.pt``; ``--sitting-steps N`` stops each call after N steps, so a long schedule is trained
-in several sittings; a finished recipe is not trained again. ``--all`` runs every recipe in
+in several sittings; a finished recipe is not trained again. ``runs/`` is not committed, and a
+session's checkout holds only what is: a sitting that must outlive its session is kept by
+committing its ``last.pt`` as ``models/weights/detr-<name>.last.pt`` (:func:`committed_last`),
+which a run with no ``last.pt`` of its own resumes from::
+
+    cp runs/detr-experiments/<name>/last.pt models/weights/detr-<name>.last.pt  # then git add, commit
+
+(removed once the recipe has finished). ``--all`` runs every recipe in
 turn; ``--summary`` only rewrites the table; ``--time-steps`` prints each recipe's CPU seconds
 per training step (:func:`step_seconds`), from which docs/detr-recipe.md estimates the hours.
 
@@ -141,6 +148,14 @@ REPORTED = (
 )
 
 
+WEIGHTS = Path("models/weights")  # where a sitting's last.pt is committed to outlive its session
+
+
+def committed_last(name: str, weights: Path = WEIGHTS) -> Path:
+    """Where recipe ``name``'s committed ``last.pt`` lies (a sitting kept across sessions)."""
+    return weights / f"detr-{name}.last.pt"
+
+
 def command(name: str, threads: int = 1, sitting_steps: int | None = None) -> str:
     """The shell command that trains (or continues) recipe ``name``."""
     sitting = f" --sitting-steps {sitting_steps}" if sitting_steps else ""
@@ -165,13 +180,18 @@ def run_recipe(
     threads: int = 1,
     sitting_steps: int | None = None,
     extra: dict[str, Any] | None = None,
+    weights: Path = WEIGHTS,
 ) -> dict[str, Any] | None:
     """Train (or resume, or skip when finished) recipe ``name``; copy its metrics and curves to ``docs``.
+
+    Resumes from ``<runs>/<name>/last.pt``, or when there is none from the committed sitting
+    :func:`committed_last` (``<weights>/detr-<name>.last.pt``), else starts at step 0.
 
     Args:
         runs: where the runs' checkpoints go (``<runs>/<name>/``).
         docs: where the committed metrics and curves go (``<docs>/<name>/``).
         extra: :func:`models.train_detr.train` arguments over the recipe's (``SMOKE`` in tests).
+        weights: where a committed sitting's ``last.pt`` is looked for.
 
     Returns:
         The run's metrics, or None when this sitting stopped before the schedule's end.
@@ -184,7 +204,8 @@ def run_recipe(
         log.info("%s: finished before, not trained again", name)
     else:
         options = {**RECIPES[name], **(extra or {})}
-        resume = out / "last.pt" if (out / "last.pt").exists() else None
+        kept = committed_last(name, weights)
+        resume = out / "last.pt" if (out / "last.pt").exists() else kept if kept.exists() else None
         if resume is not None:
             log.info("%s: resuming from %s", name, resume)
         recipe = (
@@ -316,6 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     which.add_argument("--time-steps", action="store_true", help="print each recipe's seconds per step")
     parser.add_argument("--runs", type=Path, default=Path("runs/detr-experiments"), help="checkpoints")
     parser.add_argument("--docs", type=Path, default=Path("docs/detr-digits-experiments"), help="metrics, curves")
+    parser.add_argument("--weights", type=Path, default=WEIGHTS, help="where a committed sitting's last.pt lies")
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--sitting-steps", type=int, default=None, help="stop each call after this many steps")
     parser.add_argument("--smoke", action="store_true", help="a few steps on a few canvases (tests the runner)")
@@ -342,6 +364,7 @@ def main(argv: list[str] | None = None) -> None:
             args.docs,
             threads=args.threads,
             sitting_steps=args.sitting_steps,
+            weights=args.weights,
             extra={**(SMOKE if args.smoke else {}), **({"device": args.device} if args.device else {})},
         )
         if finished is None:

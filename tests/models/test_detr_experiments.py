@@ -78,6 +78,23 @@ def test_a_smoke_run_resumes_across_sittings_and_writes_the_docs(tmp_path) -> No
     assert json.loads((docs / "focal-50q-group6" / "metrics.json").read_text()) == metrics
 
 
+@pytest.mark.slow
+def test_a_run_with_no_last_pt_of_its_own_resumes_from_the_committed_sitting(tmp_path) -> None:
+    # runs/ is not committed: a sitting that must outlive its session is committed under models/weights/
+    from models.detr_experiments import committed_last
+
+    runs, docs, weights = tmp_path / "runs", tmp_path / "docs", tmp_path / "weights"
+    argv = ["--run", "baseline", "--smoke", "--runs", str(runs), "--docs", str(docs), "--weights", str(weights)]
+    main([*argv, "--sitting-steps", "3"])  # stops at step 3 of 4
+    weights.mkdir()
+    (runs / "baseline" / "last.pt").rename(committed_last("baseline", weights))  # a new session's checkout
+    main([*argv, "--sitting-steps", "1"])
+    state = torch.load(runs / "baseline" / "last.pt", weights_only=False)
+    assert state["step"] == 4  # resumed at 3, not started again at 0
+    main(argv)
+    assert json.loads((docs / "baseline" / "metrics.json").read_text())["steps"] == 4
+
+
 def test_step_seconds_times_full_batches_of_a_recipe() -> None:
     from models.detr_experiments import step_seconds
 
