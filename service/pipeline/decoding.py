@@ -13,10 +13,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
@@ -24,7 +22,6 @@ from service.batching.alone import LoneRun
 from service.batching.config import InferenceResult
 from service.core import metrics, tracing
 from service.core.errors import (
-    DeadlineExceeded,
     ImageProcessingFailed,
     InferenceFailed,
     PayloadTooLarge,
@@ -34,6 +31,7 @@ from service.imaging.images import DecodedImage, OpenedImage, decode_image, open
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.preprocess import Preprocessor
 from service.imaging.prescan_limits import PrescanLimits
+from service.pipeline.pool import in_pool, until
 from service.runtime.repository import ModelVersion
 
 log = logging.getLogger(__name__)
@@ -153,22 +151,6 @@ class Work:
     seconds: float = 0.0
 
 
-async def _until(deadline: float, clock_now: Callable[[], float], future: asyncio.Future[Any], what: str) -> Any:
-    """Await a decode-pool ``future`` until ``deadline`` (on the batcher's clock), then give up on it.
-
-    A Pillow decode running in a thread cannot be interrupted: the pre-scan's and the pixel
-    limits bound its work, and the request still answers at its deadline while it runs on.
-
-    Raises:
-        DeadlineExceeded: the deadline passed first (504).
-    """
-    future.add_done_callback(lambda f: f.cancelled() or f.exception())  # its fault, if any, is retrieved
-    try:
-        return await asyncio.wait_for(asyncio.shield(future), max(deadline - clock_now(), 0.0))
-    except TimeoutError:
-        raise DeadlineExceeded(f"the request's deadline passed while this image was being {what}") from None
-
-
 async def probe_one(
     model: ModelVersion,
     work: Work,
@@ -181,10 +163,9 @@ async def probe_one(
     """Read what ``work``'s file decodes to, from its header (pre-scan included), in the pool."""
     async with slots:
         started = time.perf_counter()
-        loop = asyncio.get_running_loop()
         try:
-            future = loop.run_in_executor(pool, _probe, model, work.data, max_pixels, limits.prescan)
-            work.opened = await _until(deadline, model.batcher.clock.now, future, "read")
+            future, job = in_pool(pool, _probe, model, work.data, max_pixels, limits.prescan)
+            work.opened = await until(deadline, model.batcher.clock.now, future, "read", job)
             work.pixels = work.opened.pixels
         except ProblemError as exc:
             work.error = exc
@@ -268,7 +249,7 @@ async def decode_alone(
     try:
         with tracing.decoding():
             try:
-                future = asyncio.get_running_loop().run_in_executor(
+                future, job = in_pool(
                     pool,
                     _open_and_decode,
                     model,
@@ -297,7 +278,7 @@ async def decode_alone(
 
                 future.add_done_callback(give_back)
             try:
-                opened, done, ran = await _until(deadline, model.batcher.clock.now, future, "decoded")
+                opened, done, ran = await until(deadline, model.batcher.clock.now, future, "decoded", job)
             except BaseException:  # a 504, or the client left: the thread must not run the model for nobody
                 if lone is not None:
                     lone.abandon()
@@ -372,16 +353,14 @@ async def decode_one(
                 if budget is not None:
                     await budget.acquire(work.pixels, max(deadline - now(), 0.0))
                 try:
-                    future = asyncio.get_running_loop().run_in_executor(
-                        pool, _decode_and_preprocess, model, opened, max_pixels, keep_image
-                    )
+                    future, job = in_pool(pool, _decode_and_preprocess, model, opened, max_pixels, keep_image)
                 except BaseException:
                     if budget is not None:
                         budget.release(work.pixels)
                     raise
                 if budget is not None:
                     future.add_done_callback(lambda _: budget.release(work.pixels))
-                decoded, x = await _until(deadline, now, future, "decoded")
+                decoded, x = await until(deadline, now, future, "decoded", job)
         except ProblemError as exc:
             return ImageOutcome(work.index, None, None, exc, work.seconds + time.perf_counter() - started), None
         except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
