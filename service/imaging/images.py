@@ -43,6 +43,12 @@ log = logging.getLogger(__name__)
 # own limit so those nested checks raise exactly where ours does (413); the warnings between
 # the two are noise, since the header check below has already decided.
 warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
+# What a line of an image (a row or a column) costs beyond its pixels while it is decoded and
+# preprocessed, in pixels' worth (:attr:`OpenedImage.cost`): Pillow keeps a pointer a row, and the
+# resize's passes lines of their own. A 1x40,000,000 PNG strip held +610 MiB for its 40 MP (a fresh
+# user's find); one-pixel-wide strips measured 17-25 bytes a row through the committed models'
+# preprocessing (8-bit grey, where a pixel is a byte). 32 bounds them, and adds 0.2 % to a 4000x3000 photo.
+LINE_PIXELS = 32
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,7 @@ class OpenedImage:
             JPEG of one scan counts its DCT-downscaled (draft) size; one of several scans
             (progressive, or a scan per component), and a WebP, their full size (libjpeg holds
             every coefficient of such an image, libwebp its full-size plane even when it scales).
+        lines: rows + columns of that size (:attr:`cost`).
         width, height: the displayed full-resolution size (EXIF orientation applied), pixels;
             for a PNG whose EXIF follows its pixels, the stored size until decoded (the
             :class:`DecodedImage` has the displayed one).
@@ -174,6 +181,7 @@ class OpenedImage:
     width: int
     height: int
     format: str
+    lines: int
     _data: bytes
     _image: Image.Image | None  # None once decoded: the loaded full-size pixels are not kept here
     _name: str
@@ -182,6 +190,14 @@ class OpenedImage:
     _max_pixels: int
     _draft_size: tuple[int, int] | None
     _limits: PrescanLimits
+
+    @property
+    def cost(self) -> int:
+        """What decoding and preprocessing it hold, in pixels' worth: ``pixels + LINE_PIXELS * lines``.
+
+        What the worker's decoding budget, the request's pixel total and the lone path count.
+        """
+        return self.pixels + LINE_PIXELS * self.lines
 
     def decode(self, background: tuple[int, int, int] = (255, 255, 255)) -> DecodedImage:
         """Decode the pixels, as :func:`decode_image` (once: the header's file is consumed).
@@ -279,12 +295,13 @@ def open_image(
         # A non-interleaved baseline JPEG (a scan per component) is held whole too: counted at its
         # draft size, 6324x6324 of them reserved 625,681 pixels and held 40 million (a reviewer's find).
         full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and (bool(image.info.get("progressive")) or scanned.multi_scan))
-        pixels = stored_w * stored_h if full else image.size[0] * image.size[1]
+        held_w, held_h = (stored_w, stored_h) if full else image.size
     return OpenedImage(
-        pixels=pixels,
+        pixels=held_w * held_h,
         width=width,
         height=height,
         format=fmt,
+        lines=held_w + held_h,
         _data=data,
         _image=image,
         _name=faults.name,

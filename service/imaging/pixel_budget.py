@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from service.core.errors import DeadlineExceeded, PayloadTooLarge
+from service.imaging.images import LINE_PIXELS
 
 
 class PixelBudget:
@@ -87,8 +88,8 @@ class PixelBudget:
         """
         if pixels > self.capacity:
             raise PayloadTooLarge(
-                f"the image decodes to {pixels} pixels, more than this worker decodes at once ({self.capacity}, "
-                "PATCHSERVE_MAX_DECODING_PIXELS)"
+                f"the image decodes to {pixels} pixels' worth (its pixels, and {LINE_PIXELS} a row or column), "
+                f"more than this worker decodes at once ({self.capacity}, PATCHSERVE_MAX_DECODING_PIXELS)"
             )
         if self.try_acquire(pixels):
             return

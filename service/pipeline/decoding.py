@@ -27,7 +27,7 @@ from service.core.errors import (
     PayloadTooLarge,
     ProblemError,
 )
-from service.imaging.images import DecodedImage, OpenedImage, decode_image, open_image
+from service.imaging.images import LINE_PIXELS, DecodedImage, OpenedImage, decode_image, open_image
 from service.imaging.pixel_budget import PixelBudget
 from service.imaging.preprocess import Preprocessor
 from service.imaging.prescan_limits import PrescanLimits
@@ -145,7 +145,7 @@ class Work:
 
     index: int
     data: bytes
-    pixels: int = 0
+    pixels: int = 0  # what it holds while decoded, in pixels' worth: OpenedImage.cost
     opened: OpenedImage | None = None  # pre-scanned, header parsed: decoded from here, not from data again
     error: ProblemError | None = None
     seconds: float = 0.0
@@ -166,7 +166,7 @@ async def probe_one(
         try:
             future, job = in_pool(pool, _probe, model, work.data, max_pixels, limits.prescan)
             work.opened = await until(deadline, model.batcher.clock.now, future, "read", job)
-            work.pixels = work.opened.pixels
+            work.pixels = work.opened.cost
         except ProblemError as exc:
             work.error = exc
         except Exception as exc:
@@ -204,15 +204,15 @@ def _open_and_decode(
     request was abandoned or its ``deadline`` passed meanwhile: :meth:`LoneRun.__call__`).
     """
     opened = _probe(model, data, max_pixels, limits.prescan)
-    if lone is not None and not lone.affordable(opened.pixels):
+    if lone is not None and not lone.affordable(opened.cost):
         lone.give_up()  # its decode may be long: no batch waits for it
         lone = None
-    if opened.pixels > limits.max_request_pixels:
+    if opened.cost > limits.max_request_pixels:
         return opened, None, None
     if budget is not None:
-        if not budget.try_acquire(opened.pixels):
+        if not budget.try_acquire(opened.cost):
             return opened, None, None
-        held[0] = opened.pixels
+        held[0] = opened.cost
     decoded, x = _decode_and_preprocess(model, opened, max_pixels, keep_image)
     if lone is None:
         return opened, (decoded, x), None
@@ -289,7 +289,7 @@ async def decode_alone(
         error = _our_fault(model, work.index, exc)
         return ImageOutcome(work.index, None, None, error, time.perf_counter() - started), None
     if done is None:  # too large for the request, or no room now: the two-step path takes it on
-        work.opened, work.pixels, work.seconds = opened, opened.pixels, time.perf_counter() - started
+        work.opened, work.pixels, work.seconds = opened, opened.cost, time.perf_counter() - started
         within_request_budget([work], limits.max_request_pixels)
         return await decode_one(
             model, work, pool, max_pixels, asyncio.Semaphore(1), budget=budget, deadline=deadline,
@@ -311,7 +311,8 @@ def within_request_budget(works: list[Work], max_request_pixels: int) -> None:
             continue
         if total + work.pixels > max_request_pixels:
             work.error = PayloadTooLarge(
-                f"this image decodes to {work.pixels} pixels, which would take this request's images past "
+                f"this image decodes to {work.pixels} pixels' worth (its pixels and {LINE_PIXELS} a row or column), "
+                "which would take this request's images past "
                 f"{max_request_pixels} decoded pixels together (PATCHSERVE_MAX_REQUEST_PIXELS); send fewer or "
                 "smaller images per request"
             )

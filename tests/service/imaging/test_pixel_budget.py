@@ -70,27 +70,46 @@ async def test_an_image_waits_for_room_until_its_deadline_then_gets_a_504() -> N
 
 
 async def test_a_request_past_its_pixel_total_gets_413_entries_for_the_images_that_do_not_fit() -> None:
-    # 64x64 = 4,096 pixels each: the first two fit in 10,000, the third would not, a 32x32 still does.
+    # 64x64 = 4,096 pixels and 128 lines = 8,192 pixels' worth each: the first two fit in 20,000, the
+    # third would not, a 32x32 (1,024 + 32 x 64 = 3,072) still does.
     files = [("image", png(64, 64)), ("image", png(64, 64)), ("image", png(64, 64)), ("image", png(32, 32))]
-    async with running_app(max_request_pixels=10_000) as client:
+    async with running_app(max_request_pixels=20_000) as client:
         response = await client.post(CLASSIFY, files=files)
     results = response.json()["results"]
     assert [r.get("status", 200) for r in results] == [200, 200, 413, 200]
-    assert "PATCHSERVE_MAX_REQUEST_PIXELS" in results[2]["detail"] and "4096 pixels" in results[2]["detail"]
+    assert "PATCHSERVE_MAX_REQUEST_PIXELS" in results[2]["detail"] and "8192 pixels' worth" in results[2]["detail"]
+
+
+async def test_a_strip_image_counts_its_lines_and_a_tall_one_is_refused_from_its_header() -> None:
+    # Found by a fresh user: a 77 KB PNG of 1x40,000,000 pixels held +610 MiB and 3 s of CPU, as much as
+    # 16 photos of its pixel count; Pillow spends ~17-25 bytes on every line. 2,000,000 pixels in one
+    # column count 2,000,000 + 32 x 2,000,001 = 66,000,032 pixels' worth: past a budget of 48,000,000.
+    from service.imaging.images import LINE_PIXELS, open_image
+
+    strip, square = png(1, 2_000_000), png(1000, 2000)
+    opened = open_image(strip, color_mode="L", max_pixels=40_000_000)
+    assert opened.pixels == 2_000_000 and opened.cost == 2_000_000 + LINE_PIXELS * 2_000_001
+    async with running_app(max_decoding_pixels=48_000_000) as client:
+        refused = await client.post(CLASSIFY, files={"image": strip})
+        served = await client.post(CLASSIFY, files={"image": square})  # the same pixels, 3,000 lines
+        held_after = client.app.state.server.pixel_budget.held
+    assert refused.status_code == 413 and "PATCHSERVE_MAX_DECODING_PIXELS" in refused.json()["detail"]
+    assert "a row or column" in refused.json()["detail"]
+    assert served.status_code == 200 and held_after == 0
 
 
 async def test_an_image_larger_than_the_worker_budget_alone_is_a_413_entry() -> None:
     async with running_app(max_decoding_pixels=5_000) as client:
-        response = await client.post(CLASSIFY, files=[("image", png(100, 100)), ("image", png(50, 50))])
+        response = await client.post(CLASSIFY, files=[("image", png(100, 100)), ("image", png(40, 40))])  # 4,160 fits
     big, small = response.json()["results"]
     assert big["status"] == 413 and "PATCHSERVE_MAX_DECODING_PIXELS" in big["detail"]
     assert small["predictions"]
 
 
 async def test_images_decoding_at_once_never_hold_more_than_the_worker_budget(concurrent_decodes) -> None:
-    # 4,096 pixels each, a budget of 10,000: two at once, though each request may decode two and
-    # the pool has four threads; two requests of three images each.
-    async with running_app(decode_threads=4, max_decoding_pixels=10_000) as client:
+    # 8,192 pixels' worth each (64x64, 128 lines), a budget of 20,000: two at once, though each request
+    # may decode two and the pool has four threads; two requests of three images each.
+    async with running_app(decode_threads=4, max_decoding_pixels=20_000) as client:
         responses = await asyncio.gather(*(client.post(CLASSIFY, files=[("image", png(64, 64))] * 3) for _ in range(2)))
         held_after = client.app.state.server.pixel_budget.held
     assert [len(r.json()["results"]) for r in responses] == [3, 3]
@@ -143,11 +162,14 @@ async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(mo
         # The batcher's clock stands still, so the request's deadline can only pass in the decode's
         # wait (0.2 s of real time), never while its body is read on a busy machine.
         monkeypatch.setattr(client.app.state.server.repository.get("vit-digits").batcher, "clock", ManualClock())
-        response = await client.post(CLASSIFY, files={"image": png(64, 64)}, params={"timeout": 0.2})
-        for _ in range(6000):  # the decode thread may start after the 504: a bound on waiting for it
+        # 3 s of real time: the decode thread starts well before the deadline (a decode still queued at
+        # its deadline is dropped, never run: tests/service/pipeline/test_pool.py).
+        posted = asyncio.ensure_future(client.post(CLASSIFY, files={"image": png(64, 64)}, params={"timeout": 3}))
+        for _ in range(6000):  # a bound on waiting for the thread to start, never a measured figure
             if started.is_set():
                 break
             await asyncio.sleep(0.01)
+        response = await posted
         held_while_running = budget.held
         release.set()
         for _ in range(6000):  # a bound on waiting for the thread, never a measured figure
@@ -157,7 +179,7 @@ async def test_the_request_answers_504_at_its_deadline_while_a_decode_runs_on(mo
         held_after = budget.held
     assert started.is_set() and response.status_code == 504, response.text
     assert "deadline passed while this image was being decoded" in response.json()["detail"]
-    assert held_while_running == 64 * 64 and held_after == 0
+    assert held_while_running == 64 * 64 + 32 * 128 and held_after == 0  # its pixels and lines
 
 
 async def test_try_acquire_never_waits_and_never_overtakes_a_waiter() -> None:
@@ -209,16 +231,16 @@ async def test_a_lone_image_goes_to_the_decode_pool_once_several_go_twice_each(m
 
 
 async def test_a_lone_image_without_room_waits_on_the_loop_and_is_decoded_when_room_comes() -> None:
-    async with running_app(max_decoding_pixels=5_000) as client:
+    async with running_app(max_decoding_pixels=10_000) as client:
         budget = client.app.state.server.pixel_budget
-        budget.try_acquire(5_000)  # the whole budget held by "another image"
+        budget.try_acquire(10_000)  # the whole budget held by "another image"
         request = asyncio.create_task(client.post(CLASSIFY, files={"image": png(64, 64)}))
         for _ in range(6000):  # a bound on waiting for the request to queue for room, never a measured figure
             if budget.waiting:
                 break
             await asyncio.sleep(0.01)
         waited = budget.waiting
-        budget.release(5_000)
+        budget.release(10_000)
         response = await request
         held_after = budget.held
     assert waited == 1 and response.status_code == 200 and response.json()["predictions"]
