@@ -27,6 +27,7 @@ from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge,
 from service.core.json_bounds import V1_CONTAINERS, check_containers
 from service.http.lifetime import BODY_DROPPED, DRAIN_SECONDS, OVERLONG, content_length, drain_body
 from service.http.openapi import DIGIT_PNG_BASE64
+from service.imaging.formats import sniff_format
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks  # a TypedDict its stubs define for type checkers only
@@ -270,6 +271,11 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
         if body.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in body[:4]:  # a BOM, or UTF-16/32's zero bytes
             raise BadRequest(
                 "the body is not valid JSON: JSON must be UTF-8 (RFC 8259, Sec. 8.1); this looks like UTF-16 or UTF-32"
+            ) from None
+        if (sniffed := sniff_format(body)) is not None:  # an image file sent with the wrong type
+            raise BadRequest(
+                f"the body is a {sniffed} file sent as Content-Type application/json: send it with its own type "
+                '(e.g. image/png), as multipart (curl -F image=@file), or as JSON {"images": ["<base64>"]}'
             ) from None
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     encoded = document.get("images") if isinstance(document, dict) else None

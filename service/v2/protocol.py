@@ -141,8 +141,14 @@ class OutputTensor:
     binary: bool
 
 
+MAX_GZIP_MEMBERS = 64  # a gzip body's members (clients send one): each is a pass of Python on the event loop
+
+
 def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
     """Undo ``Content-Encoding`` (identity, gzip or deflate), never inflating past ``max_bytes``.
+
+    A gzip body may hold several members, one after the other (RFC 1952, Sec. 2.2), up to
+    :data:`MAX_GZIP_MEMBERS`; bytes after the end of a stream that start no member are refused.
 
     Raises:
         UnsupportedMediaType: an encoding other than identity, gzip or deflate (415).
@@ -154,16 +160,24 @@ def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
         return body
     if encoding not in ("gzip", "deflate"):
         raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
-    inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS)  # gzip, or zlib
-    try:
-        data = inflater.decompress(body, max_bytes + 1)
-    except zlib.error as exc:
-        raise BadRequest(f"the {encoding} body could not be decompressed: {exc}") from None
-    if len(data) > max_bytes:
-        raise PayloadTooLarge(f"the decompressed body is over the limit of {max_bytes} bytes")
-    if not inflater.eof:
-        raise BadRequest(f"the {encoding} body ends before its end of stream (truncated or corrupt)")
-    return data
+    wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS  # gzip, or zlib
+    data, rest = b"", body
+    for _ in range(MAX_GZIP_MEMBERS):
+        inflater = zlib.decompressobj(wbits)
+        try:
+            data += inflater.decompress(rest, max_bytes + 1 - len(data))
+        except zlib.error as exc:
+            raise BadRequest(f"the {encoding} body could not be decompressed: {exc}") from None
+        if len(data) > max_bytes:
+            raise PayloadTooLarge(f"the decompressed body is over the limit of {max_bytes} bytes")
+        if not inflater.eof:
+            raise BadRequest(f"the {encoding} body ends before its end of stream (truncated or corrupt)")
+        rest = inflater.unused_data
+        if not rest:
+            return data
+        if encoding != "gzip" or not rest.startswith(b"\x1f\x8b"):  # RFC 1952, Sec. 2.2: members follow members
+            raise BadRequest(f"the {encoding} body has {len(rest)} bytes after its end of stream")
+    raise BadRequest(f"the gzip body has more than {MAX_GZIP_MEMBERS} members (RFC 1952, Sec. 2.2); send one")
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[bytes, memoryview]:

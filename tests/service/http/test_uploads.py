@@ -103,6 +103,8 @@ async def test_the_default_part_limit_is_the_setting() -> None:
         (b'{"images": ["%%%"]}', "application/json", "images[0] is not valid base64"),
         (b'{"images": ["iVBO"], "threshold": 0.9}', "application/json", "unknown key(s) in the JSON body: 'threshold'"),
         (b"{not json", "application/json", "not valid JSON"),
+        # a fresh user's PNG sent as JSON was told "str is not valid UTF-8: surrogates not allowed"
+        (b"\x89PNG\r\n\x1a\n" + b"\xff" * 20, "application/json", "the body is a PNG file sent as Content-Type"),
         # counted before parsing: empty arrays cost the parser ten times a number (a stall of seconds)
         (b'{"images": [' + b"[]," * 9 + b'"iVBO"]}', "application/json", "holds 11 arrays and objects, more than 8"),
         # and members: a tester's 2,000,000 keys in one object stalled a worker 5 s

@@ -176,6 +176,32 @@ async def test_per_output_binary_flag_and_gzip_request_body() -> None:
     assert gzipped.json() == deflated.json() == json_out.json()
 
 
+async def test_a_gzip_body_of_several_members_is_whole_and_bytes_after_a_stream_are_refused() -> None:
+    # Found by a fresh user: a body of two gzip members (RFC 1952, Sec. 2.2) was cut after the first
+    # (400, "not valid JSON"), and garbage after a gzip or deflate stream was silently dropped (200).
+    from service.core.errors import BadRequest
+    from service.v2.protocol import MAX_GZIP_MEMBERS, inflate
+
+    document = orjson.dumps(json_request(digit_tensor(DIGIT_7)))
+    half = len(document) // 2
+    members = gzip.compress(document[:half]) + gzip.compress(document[half:])
+    assert inflate(members, "gzip", 10**6) == document
+    with pytest.raises(BadRequest, match="7 bytes after its end of stream"):
+        inflate(gzip.compress(document) + b"garbage", "gzip", 10**6)
+    with pytest.raises(BadRequest, match="after its end of stream"):
+        inflate(zlib.compress(document) + zlib.compress(b" "), "deflate", 10**6)  # deflate has no members
+    with pytest.raises(BadRequest, match=f"more than {MAX_GZIP_MEMBERS} members"):
+        inflate(gzip.compress(document) + gzip.compress(b" ") * MAX_GZIP_MEMBERS, "gzip", 10**6)
+    async with running_app() as client:
+        whole = await client.post(INFER, content=members, headers={"Content-Encoding": "gzip"})
+        plain = await client.post(INFER, content=document)
+        trailing = await client.post(
+            INFER, content=gzip.compress(document) + b"x", headers={"Content-Encoding": "gzip"}
+        )
+    assert whole.status_code == 200 and whole.json() == plain.json()
+    assert trailing.status_code == 400 and "after its end of stream" in trailing.json()["error"]
+
+
 async def test_classification_extension_returns_top_k_as_bytes() -> None:
     x = digit_tensor(DIGIT_7)
     async with running_app() as client:
