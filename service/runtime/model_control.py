@@ -325,8 +325,9 @@ class ModelControl:
         if failed := {v: s.reason for v, s in states.items() if s.failed and v in selected}:
             reasons = "; ".join(f"version {v}: {r}" for v, r in sorted(failed.items()))
             raise BadRequest(f"failed to load {name!r}: {reasons}")
-        if name not in self.repository.models:
-            raise BadRequest(f"failed to load {name!r}: no complete version folder its version policy selects")
+        if name not in self.repository.models:  # an unload that came in meanwhile is the later change: it stands
+            why = "an unload of it came in while it loaded" if name in self.unloaded else "no complete version folder"
+            raise BadRequest(f"failed to load {name!r}: {why}{'' if name in self.unloaded else ' its policy selects'}")
 
     def _refuse_an_empty_selection(self, name: str, policy: VersionPolicy | None) -> None:
         """Raise BadRequest, changing nothing, when ``policy`` (else the config's) selects no complete version folder.

@@ -451,3 +451,20 @@ async def test_a_load_succeeds_when_only_versions_its_policy_leaves_out_fail(rep
         keys = b'{"ready": true' + b"".join(b',"%x":0' % i for i in range(5000)) + b"}"  # a tester's: 200 after 1.85 s
         members = await client.post(INDEX, content=keys)
         assert members.status_code == 400 and "5001 object members" in members.json()["error"]
+
+
+async def test_a_load_overtaken_by_an_unload_says_so(repository: Path) -> None:
+    # Found by a fresh user: of 10 loads racing 10 unloads, 9 loads were told "no complete version folder
+    # its version policy selects" though the folder was complete; the unload that came in was the cause.
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
+        lock = control(client)._lock
+        await lock.acquire()  # a change in progress: what follows waits for it, in arrival order
+        unloading = asyncio.ensure_future(client.post(UNLOAD))
+        await until(lambda: len(lock._waiters or ()) == 1, "the unload to wait")
+        loading = asyncio.ensure_future(client.post(LOAD))  # the load's own change waits behind the unload
+        await until(lambda: len(lock._waiters or ()) == 2, "the load to wait")
+        lock.release()
+        unloaded, loaded = await unloading, await loading
+        assert unloaded.status_code == 200
+        assert loaded.status_code == 400 and "an unload of it came in while it loaded" in loaded.json()["error"]
+        assert (await client.post(LOAD)).status_code == 200 and (await classify(client)).status_code == 200
