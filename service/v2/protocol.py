@@ -147,13 +147,12 @@ MAX_GZIP_MEMBERS = 64  # a gzip body's members (clients send one): each is a pas
 def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
     """Undo ``Content-Encoding`` (identity, gzip or deflate), never inflating past ``max_bytes``.
 
-    A gzip body may hold several members, one after the other (RFC 1952, Sec. 2.2), up to
-    :data:`MAX_GZIP_MEMBERS`; bytes after the end of a stream that start no member are refused.
+    A gzip body may hold members one after another (RFC 1952, Sec. 2.2), :data:`MAX_GZIP_MEMBERS` at most.
 
     Raises:
         UnsupportedMediaType: an encoding other than identity, gzip or deflate (415).
         PayloadTooLarge: the inflated body is larger than ``max_bytes`` (413).
-        BadRequest: the compressed data is corrupt (400).
+        BadRequest: the compressed data is corrupt, or bytes follow a stream that start no member (400).
     """
     encoding = (content_encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
