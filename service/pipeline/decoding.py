@@ -165,7 +165,7 @@ async def probe_one(
         started = time.perf_counter()
         try:
             future, job = in_pool(pool, _probe, model, work.data, max_pixels, limits.prescan)
-            work.opened = await until(deadline, model.batcher.clock.now, future, "read", job)
+            work.opened = await until(deadline, model.batcher.clock.now, future, "this image was being read", job)
             work.pixels = work.opened.cost
         except ProblemError as exc:
             work.error = exc
@@ -278,7 +278,9 @@ async def decode_alone(
 
                 future.add_done_callback(give_back)
             try:
-                opened, done, ran = await until(deadline, model.batcher.clock.now, future, "decoded", job)
+                opened, done, ran = await until(
+                    deadline, model.batcher.clock.now, future, "this image was being decoded", job
+                )
             except BaseException:  # a 504, or the client left: the thread must not run the model for nobody
                 if lone is not None:
                     lone.abandon()
@@ -361,7 +363,7 @@ async def decode_one(
                     raise
                 if budget is not None:
                     future.add_done_callback(lambda _: budget.release(work.pixels))
-                decoded, x = await until(deadline, now, future, "decoded", job)
+                decoded, x = await until(deadline, now, future, "this image was being decoded", job)
         except ProblemError as exc:
             return ImageOutcome(work.index, None, None, exc, work.seconds + time.perf_counter() - started), None
         except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)

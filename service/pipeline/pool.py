@@ -72,6 +72,8 @@ async def until(
 ) -> Any:
     """Await a decode-pool ``future`` (of ``job``, :func:`in_pool`) until ``deadline`` (on the batcher's clock).
 
+    ``what`` ends the 504's message: "the request's deadline passed while {what}".
+
     A Pillow decode running in a thread cannot be interrupted: the pre-scan's and the pixel
     limits bound its work, and the request still answers at its deadline while it runs on. A job
     still queued when the deadline passes or the request is cancelled (its client left) is
@@ -87,7 +89,7 @@ async def until(
         return await asyncio.wait_for(asyncio.shield(future), max(deadline - clock_now(), 0.0))
     except TimeoutError:
         job.cancel()  # queued: never runs; running: runs on, its callbacks when it ends
-        raise DeadlineExceeded(f"the request's deadline passed while this image was being {what}") from None
+        raise DeadlineExceeded(f"the request's deadline passed while {what}") from None
     except BaseException:
         job.cancel()
         raise

@@ -141,7 +141,7 @@ class OutputTensor:
     binary: bool
 
 
-MAX_GZIP_MEMBERS = 64  # a gzip body's members (clients send one): each is a pass of Python on the event loop
+MAX_GZIP_MEMBERS = 64  # a gzip body's members (clients send one): each is a pass of Python holding a decode thread
 
 
 def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:

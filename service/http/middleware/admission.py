@@ -272,13 +272,11 @@ class AdmissionMiddleware:
                 return message  # read and dropped, never kept: not the budget's
             received += len(message.get("body", b""))
             if received > held[0]:  # a chunked body (or more than declared): counted as it arrives
-                more, held[0] = received - held[0], received
-                self.buffered += more
-                others = self.buffered - received
-                if self.max_buffered_bytes is not None and others > 0 and self.buffered > self.max_buffered_bytes:
-                    error = Unavailable(self._budget_message(), retry_after=self.retry_after)
+                try:
+                    self._hold_more(held, received - held[0])
+                except Unavailable as error:
                     error.headers["Connection"] = "close"  # the rest of the body is not read
-                    raise error
+                    raise
             return message
 
         return receive_before_deadline

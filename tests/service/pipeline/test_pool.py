@@ -28,9 +28,11 @@ async def test_a_queued_job_is_dropped_at_its_deadline_or_when_its_waiter_is_can
         busy = pool.submit(gate.wait, HANG_GUARD)  # the one thread is taken: what follows is queued
         late, late_job = in_pool(pool, ran.append, "late")
         with pytest.raises(DeadlineExceeded, match="being decoded"):
-            await until(loop.time() + 0.01, loop.time, late, "decoded", late_job)
+            await until(loop.time() + 0.01, loop.time, late, "this image was being decoded", late_job)
         gone, gone_job = in_pool(pool, ran.append, "gone")
-        waiter = asyncio.ensure_future(until(loop.time() + HANG_GUARD, loop.time, gone, "decoded", gone_job))
+        waiter = asyncio.ensure_future(
+            until(loop.time() + HANG_GUARD, loop.time, gone, "this image was being decoded", gone_job)
+        )
         await asyncio.sleep(0)
         waiter.cancel()  # its client left
         with pytest.raises(asyncio.CancelledError):
@@ -38,7 +40,7 @@ async def test_a_queued_job_is_dropped_at_its_deadline_or_when_its_waiter_is_can
         kept, kept_job = in_pool(pool, ran.append, "kept")
         gate.set()
         assert busy.result(HANG_GUARD)
-        await until(loop.time() + HANG_GUARD, loop.time, kept, "decoded", kept_job)
+        await until(loop.time() + HANG_GUARD, loop.time, kept, "this image was being decoded", kept_job)
         await eventually(lambda: late.cancelled() and gone.cancelled() and pool.pending == 0)
     assert ran == ["kept"]  # the two nobody waited for never ran
 
