@@ -312,11 +312,13 @@ def within_request_budget(works: list[Work], max_request_pixels: int) -> None:
         if work.error is not None:
             continue
         if total + work.pixels > max_request_pixels:
+            worth = f"this image decodes to {work.pixels} pixels' worth (its pixels and {LINE_PIXELS} a row or column)"
             work.error = PayloadTooLarge(
-                f"this image decodes to {work.pixels} pixels' worth (its pixels and {LINE_PIXELS} a row or column), "
-                "which would take this request's images past "
-                f"{max_request_pixels} decoded pixels together (PATCHSERVE_MAX_REQUEST_PIXELS); send fewer or "
-                "smaller images per request"
+                f"{worth}, more than one request's images may decode to together ({max_request_pixels}, "
+                "PATCHSERVE_MAX_REQUEST_PIXELS), even alone; send a smaller image"
+                if total == 0
+                else f"{worth}, which would take this request's images past {max_request_pixels} decoded pixels "
+                "together (PATCHSERVE_MAX_REQUEST_PIXELS); send fewer or smaller images per request"
             )
             continue
         total += work.pixels

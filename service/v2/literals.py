@@ -56,8 +56,8 @@ def load_json(header: bytes, *, binary_hint: bool = False, max_values: int | Non
     try:
         return orjson.loads(header)
     except orjson.JSONDecodeError as exc:
-        refusal = exc
-    if binary_hint and "not valid UTF-8" in str(refusal):  # orjson's words for bytes that are not text
+        refusal = str(exc)  # not the error: its .doc, the whole body as a str, would live in a reference cycle
+    if binary_hint and "not valid UTF-8" in refusal:  # orjson's words for bytes that are not text
         raise BadRequest(
             f"the inference request is not valid JSON: it is not UTF-8 text ({refusal}); a body of binary "
             "tensors needs the Inference-Header-Content-Length header"

@@ -19,8 +19,8 @@ Three limits, all answered as problem+json (on /v2 as the protocol's ``{"error":
   body unread, oldest first, until there is room (one body of any size the cap allows always gets
   in when the worker holds none; one over the cap holds nothing: its route refuses it), and is
   refused as above (503, drained) if none came within :data:`WAIT_SECONDS` (and ``body_timeout``)
-  or the server began to shut down; a chunked body is counted as it arrives, and refused (503, ``Connection:
-  close``) once it passes; a /v2 body sent compressed counts again at its inflated size once its
+  or the server began to shut down; a chunked body is counted as it arrives, and refused (503,
+  drained) once it passes; a /v2 body sent compressed counts again at its inflated size once its
   route inflates it (:func:`~service.http.lifetime.hold_more_body`: 503 past the budget, as a body
   arriving past it). Its bytes are held until the request is answered. Without it, 200
   clients posting 17 MB of photos each took a worker from 170 MiB to 2.4 GiB (128 in flight; found
@@ -202,12 +202,18 @@ class AdmissionMiddleware:
         held[0] += size
         self.buffered += size
         if self.max_buffered_bytes is not None and others > 0 and self.buffered > self.max_buffered_bytes:
-            raise Unavailable(self._budget_message(), retry_after=self.retry_after)
+            raise Unavailable(self._budget_message(held[0]), retry_after=self.retry_after)
 
-    def _budget_message(self) -> str:
+    def _budget_message(self, own: int | None = None) -> str:
+        """Why the budget refused a request; ``own``: the bytes it holds, counted in ``buffered`` (else none)."""
+        holds = (
+            f"this worker holds {self.buffered:,} bytes of request bodies"
+            if own is None
+            else f"with its {own:,} bytes, this worker would hold {self.buffered:,} bytes of request bodies"
+        )
         return (
-            f"no room for this request's body: this worker holds {self.buffered:,} bytes of request bodies, "
-            f"PATCHSERVE_MAX_BUFFERED_BYTES is {self.max_buffered_bytes or 0:,}; retry after {self.retry_after} s"
+            f"no room for this request's body: {holds}, PATCHSERVE_MAX_BUFFERED_BYTES is "
+            f"{self.max_buffered_bytes or 0:,}; retry after {self.retry_after} s"
         )
 
     async def _refuse(
@@ -244,7 +250,8 @@ class AdmissionMiddleware:
 
         ``state["body_done"]`` (the request's state) says whether the whole body has been received.
         ``held[0]``, the body bytes the request holds of the worker's budget, grows as more than it
-        declared arrives; past the budget, :class:`Unavailable` (503, ``Connection: close``). Bytes a
+        declared arrives; past the budget, :class:`Unavailable` (503; the rest of the body read and
+        dropped first, within bounds, else ``Connection: close``). Bytes a
         route reads only to drop them (``state[BODY_DROPPED]``, its 413's drain) are not counted.
         """
         deadline = (time.monotonic() if arrived is None else arrived) + self.body_timeout
@@ -274,8 +281,14 @@ class AdmissionMiddleware:
             if received > held[0]:  # a chunked body (or more than declared): counted as it arrives
                 try:
                     self._hold_more(held, received - held[0])
-                except Unavailable as error:
-                    error.headers["Connection"] = "close"  # the rest of the body is not read
+                except Unavailable as error:  # the rest is read and dropped first, as for every 503
+                    state[BODY_DROPPED] = True
+                    drained = body_done or await drain_body(
+                        receive, {}, self.drain_bytes, min(DRAIN_SECONDS, self.body_timeout)
+                    )
+                    body_done = state["body_done"] = True
+                    if not drained:
+                        error.headers["Connection"] = "close"
                     raise
             return message
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from service.core.errors import BadRequest, Forbidden, Unavailable
+from service.core.errors import BadRequest, Forbidden, Unavailable, UnsupportedMediaType
 from service.core.json_bounds import CONTROL_CONTAINERS, check_containers
 from service.http.deps import State
 from service.http.routes.v2 import ProtocolRoute
@@ -46,13 +46,24 @@ INDEX_SCHEMA = {
 EMPTY_SCHEMA: dict[str, Any] = {"type": "object"}
 
 
+async def _read_body(request: Request, state: State) -> bytes:
+    """The request's body, at most the body cap; a compressed one is refused (415), never read as JSON."""
+    encoding = request.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        raise UnsupportedMediaType(
+            f"Content-Encoding {encoding.strip()[:40]!r}: the repository API takes its small JSON bodies as they "
+            "are (only infer takes gzip or deflate)"
+        )
+    return await read_body(request, state.settings.max_body_bytes)
+
+
 async def _parameters(request: Request, state: State) -> dict[str, Any]:
     """The request body's ``parameters`` object ({} for an empty body).
 
     Raises:
         BadRequest: a body that is not a JSON object, or ``parameters`` that is not one.
     """
-    body = await read_body(request, state.settings.max_body_bytes)
+    body = await _read_body(request, state)
     if not body.strip():
         return {}
     check_containers(body, CONTROL_CONTAINERS, 'the body is {"parameters": {...}}')
@@ -89,7 +100,7 @@ def _control_allowed(state: State) -> None:
     responses=v2_responses(INDEX_SCHEMA, 400),
 )
 async def index(request: Request, state: State) -> list[dict[str, str]]:
-    body = await read_body(request, state.settings.max_body_bytes)
+    body = await _read_body(request, state)
     ready_only = False
     if body.strip():
         check_containers(body, CONTROL_CONTAINERS, 'the body is {"ready": true} or empty')

@@ -10,6 +10,7 @@ protocol's health API specifies (a 4xx means false).
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Callable, Coroutine
@@ -26,7 +27,7 @@ from service.http.deps import Repository, State, Version, get_repository
 from service.http.lifetime import body_by_deadline, hold_more_body, requested_timeout, unless_disconnected
 from service.http.methods import catch_all, not_allowed
 from service.http.middleware.access_log import logged_path
-from service.http.problems import count_refused_inference, protocol_error_response, unexpected
+from service.http.problems import count_refused_inference, protocol_error_response, release_frames, unexpected
 from service.http.responses import server_timing
 from service.http.state import ServerState
 from service.http.uploads import read_body
@@ -46,6 +47,7 @@ from service.v2.openapi import (
 )
 from service.v2.protocol import (
     HEADER_LENGTH,
+    InferRequest,
     encode_infer_response,
     inflate,
     parse_infer_request,
@@ -84,18 +86,25 @@ class ProtocolRoute(APIRoute):
         async def run(request: Request) -> Response:
             try:
                 return await handler(request)
-            except ProblemError as exc:
-                return protocol_error_response(exc.status, exc.detail, exc.headers)
-            except RequestValidationError as exc:  # the app's handler, which counts it, never sees it
-                count_refused_inference(request)
-                return protocol_error_response(400, _validation_detail(exc))
-            except StarletteHTTPException as exc:
-                return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
             except Exception as exc:
-                error = unexpected(exc, f"{request.method} {logged_path(request.url.path)}")
-                return protocol_error_response(error.status, error.detail)
+                answer = _error_answer(request, exc)
+                release_frames(exc)
+                return answer
 
         return run
+
+
+def _error_answer(request: Request, exc: Exception) -> Response:
+    """``{"error"}`` with the status the rest of the API would give ``exc``."""
+    if isinstance(exc, ProblemError):
+        return protocol_error_response(exc.status, exc.detail, exc.headers)
+    if isinstance(exc, RequestValidationError):  # the app's handler, which counts it, never sees it
+        count_refused_inference(request)
+        return protocol_error_response(400, _validation_detail(exc))
+    if isinstance(exc, StarletteHTTPException):
+        return protocol_error_response(exc.status_code, str(exc.detail), dict(exc.headers or {}))
+    error = unexpected(exc, f"{request.method} {logged_path(request.url.path)}")
+    return protocol_error_response(error.status, error.detail)
 
 
 router = APIRouter(prefix="/v2", tags=["open inference protocol (v2)"], route_class=ProtocolRoute)
@@ -268,6 +277,50 @@ async def model_version_config(name: str, version: str, repository: Repository, 
     return _config(model, state.settings.max_images_per_request, _version_policy(model, state))
 
 
+# Bodies up to this size are parsed on the event loop (a millisecond at most); larger ones in a decode thread
+PARSE_ON_LOOP_BYTES = 64 * 1024
+
+
+async def _parsed(
+    request: Request, state: ServerState, model: ModelVersion, body: bytes, deadline: float
+) -> tuple[InferRequest, float]:
+    """The request's body inflated and parsed, and the parse's seconds; a large one in decode threads.
+
+    Never on the event loop for more than :data:`PARSE_ON_LOOP_BYTES`: 40 gzip bodies of 20 KB,
+    each 20 MB of JSON once inflated (0.25 s to parse and refuse), held the worker's health probes up
+    for 9 s (a fresh user's). A job still queued when the deadline passes or the caller is cancelled
+    (the client left) never runs.
+
+    Raises:
+        DeadlineExceeded: the deadline passed first (504).
+        ClientDisconnected: the client left while its body was inflated or parsed.
+        ProblemError: :func:`inflate`'s and :func:`parse_infer_request`'s errors.
+    """
+    settings, clock = state.settings, model.batcher.clock
+    encoding = request.headers.get("content-encoding")
+    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+        future, job = in_pool(state.decode_pool, inflate, body, encoding, settings.max_body_bytes)
+        body = await unless_disconnected(
+            request, until(deadline, clock.now, future, "its body was being inflated", job)
+        )
+        hold_more_body(request, len(body))  # held beside the compressed body until answered: both count
+    parse = functools.partial(
+        _timed_parse, body, request.headers.get(HEADER_LENGTH), max_values(model, settings.max_images_per_request)
+    )
+    if len(body) <= PARSE_ON_LOOP_BYTES:
+        return parse()
+    future, job = in_pool(state.decode_pool, parse)
+    parsed: tuple[InferRequest, float] = await unless_disconnected(
+        request, until(deadline, clock.now, future, "its body was being parsed", job)
+    )
+    return parsed
+
+
+def _timed_parse(body: bytes, header_length: str | None, limit: int | None) -> tuple[InferRequest, float]:
+    started = time.perf_counter()
+    return parse_infer_request(body, header_length, limit), time.perf_counter() - started
+
+
 async def _infer(request: Request, state: State, name: str, version: str | None) -> Response:
     """Read, parse, run and encode one inference request; count its outcome.
 
@@ -288,17 +341,7 @@ async def _infer(request: Request, state: State, name: str, version: str | None)
             request,
             settings.max_body_bytes,
         )
-        encoding = request.headers.get("content-encoding")
-        if encoding is not None and encoding.strip().lower() not in ("", "identity"):
-            # in a decode thread (zlib lets go of the GIL): a 20 MB body of 64 members took 0.2 s on the loop
-            future, job = in_pool(state.decode_pool, inflate, body, encoding, settings.max_body_bytes)
-            inflated = await until(deadline, model.batcher.clock.now, future, "its body was being inflated", job)
-            hold_more_body(request, len(inflated))  # held beside the compressed body until answered: both count
-            body = inflated
-        parse_started = time.perf_counter()
-        limit = max_values(model, settings.max_images_per_request)
-        parsed = parse_infer_request(body, request.headers.get(HEADER_LENGTH), limit)
-        parse_seconds = time.perf_counter() - parse_started
+        parsed, parse_seconds = await _parsed(request, state, model, body, deadline)
         if parsed.timeout is not None:
             deadline = min(deadline, arrived + parsed.timeout)
         outcome = await unless_disconnected(

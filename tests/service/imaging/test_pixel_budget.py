@@ -78,6 +78,11 @@ async def test_a_request_past_its_pixel_total_gets_413_entries_for_the_images_th
     results = response.json()["results"]
     assert [r.get("status", 200) for r in results] == [200, 200, 413, 200]
     assert "PATCHSERVE_MAX_REQUEST_PIXELS" in results[2]["detail"] and "8192 pixels' worth" in results[2]["detail"]
+    assert "send fewer or smaller images" in results[2]["detail"]
+    async with running_app(max_request_pixels=8_000) as client:  # one image past the total alone
+        alone = (await client.post(CLASSIFY, files={"image": png(64, 64)})).json()["detail"]
+    # a fresh user's lone 39,999,999x1 strip was told to send fewer images per request
+    assert "even alone; send a smaller image" in alone and "fewer" not in alone
 
 
 async def test_a_strip_image_counts_its_lines_and_a_tall_one_is_refused_from_its_header() -> None:

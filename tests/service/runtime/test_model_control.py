@@ -8,6 +8,7 @@ slept on; a version's requests are held in flight by a session whose ``run`` wai
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import shutil
 import threading
@@ -33,6 +34,7 @@ DIGIT_7 = ROOT / "examples" / "digit-7.png"
 CLASSIFY = "/v1/models/vit-digits/classify"
 LOAD, UNLOAD = (f"/v2/repository/models/vit-digits/{verb}" for verb in ("load", "unload"))
 INDEX = "/v2/repository/index"
+GZIP = {"Content-Encoding": "gzip"}
 
 
 @pytest.fixture
@@ -118,6 +120,9 @@ async def test_load_api_swaps_in_a_new_version_and_retires_the_old(repository: P
             {"name": "vit-digits", "version": "2", "state": "READY", "reason": ""},
         ]
         assert (await client.post(INDEX, json={"ready": True})).json() == index[1:]
+        # a fresh user's gzip body was read as JSON ("'utf-8' codec can't decode byte 0x8b")
+        compressed = await client.post(INDEX, content=gzip.compress(b'{"ready": true}'), headers=GZIP)
+        assert compressed.status_code == 415 and "only infer takes gzip" in compressed.json()["error"]
         listing = (await client.get("/v1/models")).json()
         assert [v["version"] for v in listing["models"][0]["versions"]] == ["2"]
         assert listing["models"][0]["version_policy"] == {"latest": {"num_versions": 1}}
