@@ -7,14 +7,13 @@ them (and FastAPI's own validation and HTTP errors) into problem responses in on
 from __future__ import annotations
 
 import logging
-import traceback
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.core.errors import PROBLEM_MEDIA_TYPE, InvalidParameter, ProblemError, shorten_detail
+from service.core.errors import PROBLEM_MEDIA_TYPE, InvalidParameter, ProblemError, release_frames, shorten_detail
 from service.http import accounting
 from service.http.methods import not_allowed
 
@@ -89,24 +88,6 @@ def unexpected(exc: BaseException, where: str) -> ProblemError:
     """
     log.error("unhandled error in %s", where, exc_info=exc)
     return ProblemError("an unexpected server error; see the server log")
-
-
-def release_frames(exc: BaseException) -> None:
-    """Clear the locals of the frames ``exc`` (and the exceptions it was raised from) passed through.
-
-    Called once an error's answer is made. An exception that came out of an awaited task or future
-    is in a reference cycle (its traceback holds the frame that holds the future, which holds it),
-    which keeps every local of those frames (a request's body, its inflated copy, parsed tensors)
-    until the cycle collector gets there; under load such cycles reach the oldest generation, which
-    is collected rarely: a fresh user's 400 refused 20 MB gzip bodies held 5 GiB. A frame still
-    running (the handler's caller) is left as it is (:func:`traceback.clear_frames`).
-    """
-    seen: set[int] = set()
-    current: BaseException | None = exc
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
 
 
 def install_handlers(app: FastAPI) -> None:

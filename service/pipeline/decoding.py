@@ -26,6 +26,7 @@ from service.core.errors import (
     InferenceFailed,
     PayloadTooLarge,
     ProblemError,
+    release_frames,
 )
 from service.imaging.images import LINE_PIXELS, DecodedImage, OpenedImage, decode_image, open_image
 from service.imaging.pixel_budget import PixelBudget
@@ -133,6 +134,7 @@ def _preprocessed(
 def _our_fault(model: ModelVersion, index: int, exc: Exception) -> ImageProcessingFailed:
     """The 500 of one image whose decoding raised what no file should make it raise (a bug of ours)."""
     log.error("decoding or preprocessing image %d for %s/%s failed", index, model.name, model.version, exc_info=exc)
+    release_frames(exc)
     return ImageProcessingFailed(
         f"decoding or preprocessing this image failed on the server's side ({type(exc).__name__}), a "
         "fault of ours, not of the image; the server log has the details"
@@ -168,7 +170,7 @@ async def probe_one(
             work.opened = await until(deadline, model.batcher.clock.now, future, "this image was being read", job)
             work.pixels = work.opened.cost
         except ProblemError as exc:
-            work.error = exc
+            work.error = release_frames(exc)  # kept until the request is answered: its frames are not
         except Exception as exc:
             work.error = _our_fault(model, work.index, exc)
         work.seconds += time.perf_counter() - started
@@ -180,6 +182,7 @@ def _trace_failed_decode(error: ProblemError) -> None:
     """The ``decode`` span of an image refused from its header: failed, as if its decode had failed."""
     with contextlib.suppress(ProblemError), tracing.decoding():
         raise error
+    release_frames(error)  # raised again: its new traceback holds this frame, and the caller's
 
 
 def _open_and_decode(
@@ -286,7 +289,7 @@ async def decode_alone(
                     lone.abandon()
                 raise
     except ProblemError as exc:
-        return ImageOutcome(work.index, None, None, exc, time.perf_counter() - started), None
+        return ImageOutcome(work.index, None, None, release_frames(exc), time.perf_counter() - started), None
     except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
         error = _our_fault(model, work.index, exc)
         return ImageOutcome(work.index, None, None, error, time.perf_counter() - started), None
@@ -367,7 +370,8 @@ async def decode_one(
                     future.add_done_callback(lambda _: budget.release(work.pixels))
                 decoded, x = await until(deadline, now, future, "this image was being decoded", job)
         except ProblemError as exc:
-            return ImageOutcome(work.index, None, None, exc, work.seconds + time.perf_counter() - started), None
+            seconds = work.seconds + time.perf_counter() - started
+            return ImageOutcome(work.index, None, None, release_frames(exc), seconds), None
         except Exception as exc:  # a bug of ours (the decoder turns every fault of the file into a 4xx)
             error = _our_fault(model, work.index, exc)
             return ImageOutcome(work.index, None, None, error, work.seconds + time.perf_counter() - started), None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import subprocess
@@ -164,3 +165,23 @@ def run_server(env: dict[str, str]) -> subprocess.CompletedProcess:
         text=True,
         timeout=60,
     )
+
+
+BIG = 1 << 20  # a buffer this large, found in a reference cycle, is a refused body kept alive
+
+
+def big_buffers_in_cycles() -> list[str]:
+    """The large buffers that only unreachable objects (reference cycles) hold, found by a full collection."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = [
+            f"{type(held).__name__} of {len(held):,} held by {type(holder).__name__}"
+            for holder in gc.garbage
+            for held in gc.get_referents(holder)
+            if isinstance(held, bytes | bytearray | str | memoryview | np.ndarray) and len(held) >= BIG
+        ]
+    finally:
+        gc.garbage.clear()
+        gc.set_debug(0)
+    return found

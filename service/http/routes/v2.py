@@ -21,13 +21,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from service.core.errors import BadRequest, ProblemError
+from service.core.errors import BadRequest, ProblemError, release_frames
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, Version, get_repository
 from service.http.lifetime import body_by_deadline, hold_more_body, requested_timeout, unless_disconnected
 from service.http.methods import catch_all, not_allowed
 from service.http.middleware.access_log import logged_path
-from service.http.problems import count_refused_inference, protocol_error_response, release_frames, unexpected
+from service.http.problems import count_refused_inference, protocol_error_response, unexpected
 from service.http.responses import server_timing
 from service.http.state import ServerState
 from service.http.uploads import read_body

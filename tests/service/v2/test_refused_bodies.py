@@ -7,34 +7,15 @@ import gc
 import gzip
 import threading
 
-import numpy as np
 import orjson
 import pytest
 
 from tests.conftest import ROOT, running_app
-from tests.service.helpers import INFER, asgi_post, digit_tensor, json_request
+from tests.service.helpers import BIG, INFER, asgi_post, big_buffers_in_cycles, digit_tensor, json_request
 
 pytestmark = pytest.mark.anyio
 
 DIGIT_7 = (ROOT / "examples" / "digit-7.png").read_bytes()
-BIG = 1 << 20  # a buffer this large, found in a reference cycle, is a refused body kept alive
-
-
-def big_buffers_in_cycles() -> list[str]:
-    """The large buffers that only unreachable objects (reference cycles) hold, found by a full collection."""
-    gc.set_debug(gc.DEBUG_SAVEALL)
-    try:
-        gc.collect()
-        found = [
-            f"{type(held).__name__} of {len(held):,} held by {type(holder).__name__}"
-            for holder in gc.garbage
-            for held in gc.get_referents(holder)
-            if isinstance(held, bytes | bytearray | str | memoryview | np.ndarray) and len(held) >= BIG
-        ]
-    finally:
-        gc.garbage.clear()
-        gc.set_debug(0)
-    return found
 
 
 async def test_refused_bodies_are_not_kept_alive_by_reference_cycles() -> None:
