@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from service.batching.config import BatchingConfig
 from service.core import lifecycle
 from service.core.errors import RepositoryError
+from service.core.memory import IdleTrim, malloc_trim
 from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
 from service.core.version import VERSION
@@ -227,6 +228,8 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         pixel_budget=PixelBudget(settings.max_decoding_pixels),
         workers=worker_readiness(settings),
     )
+    trim = malloc_trim()
+    state.idle_trim = IdleTrim(trim) if trim is not None else None
     log.info("threads: %s", threads.reason)
     state.control = control = ModelControl(
         settings.model_repository,
@@ -294,6 +297,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         drain_bytes=settings.max_body_bytes,
         max_buffered_bytes=settings.max_buffered_bytes,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
+        idle=state.idle_trim,
     )
     public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())
     keyless = add_security_middleware(app, settings, public)  # outside admission: a request without a key takes no slot

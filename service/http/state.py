@@ -6,6 +6,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from service.core.lifecycle import shutdown_requested
+from service.core.memory import IdleTrim
 from service.core.settings import Settings
 from service.imaging.pixel_budget import PixelBudget
 from service.pipeline.inference import DecodeLimits
@@ -34,6 +35,7 @@ class ServerState:
         pixel_budget: the decoded pixels this worker holds at once (``max_decoding_pixels``).
         control: loads and retires model versions while serving (:mod:`service.runtime.model_control`).
         workers: with several worker processes, their shared readiness (:mod:`service.runtime.worker_readiness`).
+        idle_trim: gives freed memory back once the worker is idle (None where the C library cannot).
     """
 
     settings: Settings
@@ -48,6 +50,7 @@ class ServerState:
     pixel_budget: PixelBudget | None = None
     control: ModelControl | None = None
     workers: WorkerReadiness | None = None
+    idle_trim: IdleTrim | None = None
 
     def not_ready_reasons(self) -> list[str]:
         """Why the server is not ready; empty when it is."""

@@ -44,6 +44,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.core import lifecycle
 from service.core.errors import BodyTimeout, Unavailable
+from service.core.memory import IdleTrim
 from service.http import accounting
 from service.http.lifetime import BODY_DROPPED, HOLD_MORE_BODY, content_length, drain_body
 from service.http.problems import error_response_for
@@ -58,6 +59,10 @@ SHUTDOWN_POLL_SECONDS = 0.25  # how often a waiting request looks whether the se
 # of 0 cancels a read before it runs (a body that had long arrived got a 408 when the app reached it
 # late), and wait_for can swallow a cancellation that arrives as the read completes, losing an outer
 # deadline (service.http.lifetime.body_by_deadline). A read that does not have to wait returns at once.
+
+
+_DRAINING_SEND = "admission_draining_send"  # (state keys) its send drains a body refused mid-way first
+_DRAIN_FIRST = "admission_drain_first"  # the body was refused mid-way: drain it before the answer
 
 
 def _declared_length(scope: Scope) -> int:
@@ -83,6 +88,8 @@ class AdmissionMiddleware:
         exempt: paths that are never refused and have no body timeout.
         drain_bytes: most body bytes read and dropped before a refusal is sent (the body cap).
         max_buffered_bytes: most body bytes the requests held keep at once (None: no bound).
+        idle: told when the worker takes a request and when it holds none any more (gives freed
+            memory back once idle: :class:`~service.core.memory.IdleTrim`).
     """
 
     def __init__(
@@ -95,6 +102,7 @@ class AdmissionMiddleware:
         exempt: frozenset[str] = EXEMPT_PATHS,
         drain_bytes: int = 32 * 1024 * 1024,
         max_buffered_bytes: int | None = None,
+        idle: IdleTrim | None = None,
     ) -> None:
         self.app = app
         self.drain_bytes = drain_bytes
@@ -106,6 +114,7 @@ class AdmissionMiddleware:
         self.retry_after = retry_after
         self.exempt = exempt
         self.in_flight = 0
+        self.idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["path"] in self.exempt:
@@ -120,6 +129,8 @@ class AdmissionMiddleware:
         # which its route refuses (413) at once: it must not wait, nor make others wait, for room
         held = [declared if declared <= self.drain_bytes else 0]
         self.in_flight += 1
+        if self.idle is not None:
+            self.idle.busy()
         try:
             if not await self._reserve(held[0], arrived + min(self.body_timeout, WAIT_SECONDS)):
                 # (at a shutdown, answered at once: waiting for the body would hold up the drain)
@@ -129,12 +140,37 @@ class AdmissionMiddleware:
                 return
             state = scope.setdefault("state", {})
             state[HOLD_MORE_BODY] = lambda size: self._hold_more(held, size)
+            if not declared:  # chunked (or no body): a 503 past the budget may come mid-body
+                state[_DRAINING_SEND] = True
+                send = self._draining_send(receive, send, state, held)
             try:
                 await self.app(scope, self._with_deadline(receive, state, held, arrived), send)
             finally:
                 self._give_back(held[0])
         finally:
             self.in_flight -= 1
+            if self.in_flight == 0 and self.idle is not None:
+                self.idle.idle()
+
+    def _draining_send(self, receive: Receive, send: Send, state: dict[str, Any], held: list[int]) -> Send:
+        """``send`` that, before the 503 of a chunked body past the budget, gives its bytes back and drains it.
+
+        Read and dropped (at most ``drain_bytes``, :data:`DRAIN_SECONDS`; else ``Connection: close``)
+        so that a client writing its whole body first reads the 503, not a reset (http.client's
+        chunked uploads); its bytes go back first (the route dropped them with the error), so the
+        drain does not keep the others out: holding them through it, 40 concurrent 19 MB uploads
+        were all refused.
+        """
+
+        async def send_after_drain(message: Message) -> None:
+            if message["type"] == "http.response.start" and state.pop(_DRAIN_FIRST, False):
+                self._give_back(held[0])
+                held[0] = 0
+                if not await drain_body(receive, {}, self.drain_bytes, min(DRAIN_SECONDS, self.body_timeout)):
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        return send_after_drain
 
     def _fits(self, more: int) -> bool:
         """Whether ``more`` body bytes fit the worker's budget (always when it holds none)."""
@@ -281,13 +317,13 @@ class AdmissionMiddleware:
             if received > held[0]:  # a chunked body (or more than declared): counted as it arrives
                 try:
                     self._hold_more(held, received - held[0])
-                except Unavailable as error:  # the rest is read and dropped first, as for every 503
+                except Unavailable as error:
                     state[BODY_DROPPED] = True
-                    drained = body_done or await drain_body(
-                        receive, {}, self.drain_bytes, min(DRAIN_SECONDS, self.body_timeout)
-                    )
-                    body_done = state["body_done"] = True
-                    if not drained:
+                    if body_done:
+                        pass
+                    elif _DRAINING_SEND in state:  # the rest is read and dropped before the 503 goes
+                        state[_DRAIN_FIRST] = True
+                    else:
                         error.headers["Connection"] = "close"
                     raise
             return message
