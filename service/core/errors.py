@@ -1,8 +1,9 @@
 """Domain exceptions: what any layer raises, each carrying its HTTP status and problem type.
 
 Only the exception types live here, with :func:`release_frames` (no web framework, no metrics):
-their one mapping to ``application/problem+json`` (RFC 9457) is :mod:`service.http.problems`. A 500 is only ever
-:class:`InferenceFailed` (a fault of ours) or an unexpected bug; bad input always maps to a 4xx.
+their one mapping to ``application/problem+json`` (RFC 9457) is :mod:`service.http.problems`. A
+500 is only ever :class:`InferenceFailed` (a fault of ours) or an unexpected bug; bad input always
+maps to a 4xx.
 """
 
 from __future__ import annotations

@@ -202,38 +202,6 @@ async def test_a_gzip_body_of_several_members_is_whole_and_bytes_after_a_stream_
     assert trailing.status_code == 400 and "after its end of stream" in trailing.json()["error"]
 
 
-async def test_a_compressed_body_is_inflated_off_the_event_loop(monkeypatch) -> None:
-    # Found on rereading: inflate() ran on the event loop (a 20 MB gzip body of 64 members held every
-    # other request of the worker up for 0.2 s). Here inflating waits until a probe is answered.
-    import threading
-
-    from service.http.routes import v2 as routes
-    from service.v2.protocol import inflate
-
-    started, release, finished = threading.Event(), threading.Event(), threading.Event()
-
-    def inflate_slowly(*args):
-        started.set()
-        release.wait(10)  # on the event loop, the probe below could not be answered meanwhile
-        finished.set()
-        return inflate(*args)
-
-    monkeypatch.setattr(routes, "inflate", inflate_slowly)
-    document = orjson.dumps(json_request(digit_tensor(DIGIT_7)))
-    async with running_app() as client:
-        posted = asyncio.ensure_future(
-            client.post(INFER, content=gzip.compress(document), headers={"Content-Encoding": "gzip"})
-        )
-        assert await asyncio.to_thread(started.wait, 10)
-        live = await client.get("/v2/health/live")
-        answered_while_inflating = not finished.is_set()
-        release.set()
-        inferred = await posted
-        plain = await client.post(INFER, content=document)
-    assert live.status_code == 200 and answered_while_inflating
-    assert inferred.status_code == 200 and inferred.json() == plain.json()
-
-
 async def test_classification_extension_returns_top_k_as_bytes() -> None:
     x = digit_tensor(DIGIT_7)
     async with running_app() as client:
