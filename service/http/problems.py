@@ -112,6 +112,7 @@ def install_handlers(app: FastAPI) -> None:
         error = ProblemError(detail, headers=headers)
         error.status, error.slug = status, f"http-{status}"
         error.title = {404: "Not found", 405: "Method not allowed"}.get(status, "HTTP error")
+        release_frames(exc)  # as every answered error's: nothing of the request outlives its answer
         return error_response_for(request.url.path, error, request_id(request))
 
     @app.exception_handler(Exception)

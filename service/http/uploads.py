@@ -23,6 +23,7 @@ import orjson
 from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
+from service.core.codings import content_coding, shown
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.core.json_bounds import V1_CONTAINERS, check_containers
 from service.http.lifetime import BODY_DROPPED, DRAIN_SECONDS, OVERLONG, content_length, drain_body
@@ -325,11 +326,11 @@ async def read_images(
         UnsupportedMediaType: a content type that is not an image, multipart, JSON or
             octet-stream, or a ``Content-Encoding`` other than identity (415).
     """
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
+    encoding = content_coding(request.headers.get("content-encoding"))
+    if encoding is not None:
         # Image files are compressed already; a body decoded as if it were not would be a wrong answer.
         raise UnsupportedMediaType(
-            f"Content-Encoding {encoding!r} is not accepted on /v1: send the image files as they are "
+            f"Content-Encoding {shown(encoding)} is not accepted on /v1: send the image files as they are "
             "(the Open Inference Protocol's /v2 routes take gzip and deflate tensors)"
         )
     content_type = request.headers.get("content-type", "")

@@ -7,9 +7,8 @@ response JSON objects) and its binary tensor data extension (Triton's ``binary_t
 * a tensor's ``data`` is JSON (flat or nested, row-major), or, when its ``parameters`` carry
   ``binary_data_size``, raw little-endian row-major bytes placed after the JSON object, whose
   length the ``Inference-Header-Content-Length`` header gives;
-* an output is returned as binary when its request ``parameters`` say ``binary_data: true``,
-  or, for outputs without that parameter, when the request's ``parameters`` say
-  ``binary_data_output: true``;
+* an output is returned as binary when its request ``parameters`` say ``binary_data: true``, or,
+  for outputs without that parameter, when the request's ``parameters`` say ``binary_data_output: true``;
 * a ``BYTES`` element in binary is a 4-byte little-endian length and the bytes;
 * an error is ``{"error": "<message>"}`` with a 4xx or 5xx status.
 
@@ -30,6 +29,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from service.core.codings import content_coding, shown
 from service.core.errors import BadRequest, PayloadTooLarge, UnsupportedMediaType
 from service.v2.json_data import tensor_from_json
 from service.v2.literals import load_json, with_literals
@@ -154,11 +154,11 @@ def inflate(body: bytes, content_encoding: str | None, max_bytes: int) -> bytes:
         PayloadTooLarge: the inflated body is larger than ``max_bytes`` (413).
         BadRequest: the compressed data is corrupt, or bytes follow a stream that start no member (400).
     """
-    encoding = (content_encoding or "identity").strip().lower()
-    if encoding in ("", "identity"):
+    encoding = content_coding(content_encoding)
+    if encoding is None:
         return body
     if encoding not in ("gzip", "deflate"):
-        raise UnsupportedMediaType(f"Content-Encoding {encoding!r} is not supported; use gzip, deflate or none")
+        raise UnsupportedMediaType(f"Content-Encoding {shown(encoding)} is not supported; use gzip, deflate or none")
     wbits = 16 + zlib.MAX_WBITS if encoding == "gzip" else zlib.MAX_WBITS  # gzip, or zlib
     data, rest = b"", body
     for _ in range(MAX_GZIP_MEMBERS):

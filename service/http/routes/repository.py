@@ -20,6 +20,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from service.core.codings import content_coding, shown
 from service.core.errors import BadRequest, Forbidden, Unavailable, UnsupportedMediaType
 from service.core.json_bounds import CONTROL_CONTAINERS, check_containers
 from service.http.deps import State
@@ -48,10 +49,10 @@ EMPTY_SCHEMA: dict[str, Any] = {"type": "object"}
 
 async def _read_body(request: Request, state: State) -> bytes:
     """The request's body, at most the body cap; a compressed one is refused (415), never read as JSON."""
-    encoding = request.headers.get("content-encoding")
-    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+    encoding = content_coding(request.headers.get("content-encoding"))
+    if encoding is not None:
         raise UnsupportedMediaType(
-            f"Content-Encoding {encoding.strip()[:40]!r}: the repository API takes its small JSON bodies as they "
+            f"Content-Encoding {shown(encoding)}: the repository API takes its small JSON bodies as they "
             "are (only infer takes gzip or deflate)"
         )
     return await read_body(request, state.settings.max_body_bytes)

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service.core.codings import content_coding
 from service.core.errors import BadRequest, ProblemError, release_frames
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, Version, get_repository
@@ -297,8 +298,8 @@ async def _parsed(
         ProblemError: :func:`inflate`'s and :func:`parse_infer_request`'s errors.
     """
     settings, clock = state.settings, model.batcher.clock
-    encoding = request.headers.get("content-encoding")
-    if encoding is not None and encoding.strip().lower() not in ("", "identity"):
+    encoding = content_coding(request.headers.get("content-encoding"))
+    if encoding is not None:
         future, job = in_pool(state.decode_pool, inflate, body, encoding, settings.max_body_bytes)
         body = await unless_disconnected(
             request, until(deadline, clock.now, future, "its body was being inflated", job)

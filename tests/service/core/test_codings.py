@@ -1,0 +1,25 @@
+"""``content_coding``: what /v1, /v2 and the repository API take as a body sent as it is."""
+
+from __future__ import annotations
+
+import pytest
+
+from service.core.codings import SHOWN_CHARACTERS, content_coding, shown
+
+
+@pytest.mark.parametrize("header", [None, "", "  ", "identity", "IDENTITY", " Identity "])
+def test_no_coding_is_none(header: str | None) -> None:
+    assert content_coding(header) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "coding"), [("gzip", "gzip"), (" GZip ", "gzip"), ("Deflate", "deflate"), ("gzip, br", "gzip, br")]
+)
+def test_a_coding_is_lowercased_and_stripped(header: str, coding: str) -> None:
+    assert content_coding(header) == coding
+
+
+def test_a_long_coding_is_cut_when_shown() -> None:
+    coding = content_coding("x" * 10_000)
+    assert coding is not None
+    assert shown(coding) == repr("x" * SHOWN_CHARACTERS)
