@@ -270,7 +270,7 @@ def unknown_variables(environ: Mapping[str, str]) -> list[str]:
     silently ignored), each with the closest setting's name when one is close.
 
     Returns:
-        One line per unknown variable, e.g. ``"PATCHSERVE_MAX_BATCH: not a setting (did you mean
+        One line per unknown variable, e.g. ``"PATCHSERVE_MAX_BATCH: not a setting, ignored (did you mean
         PATCHSERVE_MAX_BATCH_SIZE?)"``; empty when every variable is a setting.
     """
     known = [name.upper() for name in Settings.model_fields]

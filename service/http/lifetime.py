@@ -41,7 +41,7 @@ def hold_more_body(request: Request, size: int) -> None:
 
     Admission counts a body at the size it arrives; a route that makes more of it (gzip's 1,000:1
     turns a 32 KiB upload into a 32 MiB one) adds what it made, held until the request is answered.
-    A no-op when no admission middleware runs (``PATCHSERVE_MAX_IN_FLIGHT`` 0, or an app in a test).
+    A no-op when no admission middleware runs (an app built without it, in a test).
 
     Raises:
         Unavailable: 503 with ``Retry-After``, when ``size`` takes the worker past

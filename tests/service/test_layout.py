@@ -11,6 +11,7 @@ are left out: they are never executed and only name types for annotations (impor
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.conftest import ROOT
@@ -175,3 +176,34 @@ def test_no_torch_anywhere_in_service() -> None:
             elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "torch":
                 torch.append(f"{name}: from {node.module}")
     assert not torch, torch
+
+
+def _design_sections() -> dict[str, set[str]]:
+    """DESIGN.md's layer list: ``service/<layer>/`` -> the words of its entry (continuation lines included)."""
+    text = (ROOT / "docs" / "DESIGN.md").read_text()
+    sections: dict[str, set[str]] = {}
+    current: set[str] | None = None
+    for line in text.splitlines():
+        head = re.match(r"service/(\w+)/\s", line)
+        if head:
+            current = sections.setdefault(head.group(1), set())
+        elif current is not None and not line.startswith(" "):
+            current = None
+        if current is not None:
+            current.update(re.findall(r"\w+/?", line))
+    return sections
+
+
+def test_design_names_every_module_of_every_layer() -> None:
+    # docs/layout.md says DESIGN.md's list is kept true here; six modules had been added unlisted.
+    sections = _design_sections()
+    unnamed = []
+    for name, path in _modules().items():
+        parts = name.split(".")
+        if len(parts) != 3 or parts[1] not in LAYERS:  # a layer's own modules and sub-packages
+            continue
+        package = path.name == "__init__.py"
+        if (f"{parts[2]}/" if package else parts[2]) not in sections.get(parts[1], set()):
+            unnamed.append(f"service/{parts[1]}/{parts[2]}" + ("/" if package else ".py"))
+    assert sections.keys() >= {"core", "imaging", "tasks", "batching", "runtime", "pipeline", "v2", "http", "process"}
+    assert not unnamed, f"modules docs/DESIGN.md's layer list does not name: {unnamed}"

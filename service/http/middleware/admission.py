@@ -140,7 +140,7 @@ class AdmissionMiddleware:
                 return
             state = scope.setdefault("state", {})
             state[HOLD_MORE_BODY] = lambda size: self._hold_more(held, size)
-            if not declared and scope.get("method") == "POST":  # chunked: a 503 past the budget may come mid-body
+            if not declared and scope.get("method") == "POST":  # chunked (or no body counted): a 503 may come mid-body
                 state[_DRAINING_SEND] = True
                 send = self._draining_send(receive, send, state, held)
             try:

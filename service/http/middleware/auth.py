@@ -8,12 +8,12 @@ before the route runs and before the body is read. Keys are compared in constant
 side is hashed with SHA-256 and the digests compared with :func:`hmac.compare_digest` against
 every configured key, so neither a key's content nor its length shows in the timing.
 
-Paths in ``PATCHSERVE_AUTH_PUBLIC_PATHS`` (default ``/healthz``, ``/readyz``, ``/metrics``)
-need no key: orchestrator probes and Prometheus scrapes usually carry none. Exempting paths
-on one port was chosen over a second listening port because it keeps one socket per server
-with any number of uvicorn workers and one address for the container to expose; an operator
-who wants ``/metrics`` behind the key removes it from the list (Prometheus sends a bearer
-token with ``authorization: {credentials: ...}``).
+Paths in ``PATCHSERVE_AUTH_PUBLIC_PATHS`` (default ``/healthz``, ``/readyz``, ``/metrics``,
+``/v2/health/live``, ``/v2/health/ready``) need no key: orchestrator probes and Prometheus
+scrapes usually carry none. Exempting paths on one port was chosen over a second listening port
+because it keeps one socket per server with any number of uvicorn workers and one address for
+the container to expose; an operator who wants ``/metrics`` behind the key removes it from the
+list (Prometheus sends a bearer token with ``authorization: {credentials: ...}``).
 
 CORS is off unless ``PATCHSERVE_CORS_ALLOW_ORIGINS`` names origins: then Starlette's
 ``CORSMiddleware`` answers preflights and lets those origins read responses, including the
