@@ -1,4 +1,4 @@
-"""/v2 infer on a detector with padding buckets (the committed detr-digits version 2), and ?version=.
+"""/v2 infer on a detector with padding buckets (the served detr-digits, version 2 on), and ?version=.
 
 A row's real pixels (all of its tensor, or the mask's top-left rectangle) are padded to the
 bucket ``/v1`` pads the same resized image to, so that a tensor gets its image's answer whatever
@@ -14,11 +14,13 @@ from prometheus_client import REGISTRY
 
 from service.imaging.preprocess import Preprocessor
 from service.runtime.manifest import load_manifest
-from tests.conftest import MODEL_REPOSITORY, ROOT, running_app
+from tests.conftest import ROOT, running_app, served_version
 
 pytestmark = pytest.mark.anyio
 DETR = "/v2/models/detr-digits/infer"
-MANIFEST = load_manifest(MODEL_REPOSITORY / "detr-digits" / "2" / "model.json")
+SERVED = served_version("detr-digits")  # the default version, with padding buckets
+PREVIOUS = str(int(SERVED.name) - 1)  # served beside it (model_repository/detr-digits/config.json)
+MANIFEST = load_manifest(SERVED / "model.json")
 CANVAS = ROOT / "examples" / "canvas.png"  # 339x327 digits on black
 
 
@@ -46,13 +48,14 @@ def padded(x: np.ndarray, height: int, width: int) -> tuple[np.ndarray, np.ndarr
 
 
 def runs() -> float:
-    """Batches detr-digits version 2 has run in this process."""
-    return REGISTRY.get_sample_value("patchserve_batch_size_count", {"model": "detr-digits", "version": "2"}) or 0.0
+    """Batches the served detr-digits has run in this process."""
+    labels = {"model": "detr-digits", "version": SERVED.name}
+    return REGISTRY.get_sample_value("patchserve_batch_size_count", labels) or 0.0
 
 
 def padded_rows() -> float:
     """Images (and /v2 rows) padded to one of its buckets in this process."""
-    labels = {"model": "detr-digits", "version": "2"}
+    labels = {"model": "detr-digits", "version": SERVED.name}
     return REGISTRY.get_sample_value("patchserve_padding_fraction_count", labels) or 0.0
 
 
@@ -99,16 +102,16 @@ async def test_a_tensor_larger_than_every_bucket_is_a_400_naming_them_and_is_nev
 @pytest.mark.parametrize(
     ("path", "query", "status", "version"),
     [
-        ("/v2/models/detr-digits/infer", "?version=1", 200, "1"),
-        ("/v2/models/detr-digits/infer", "", 200, "2"),
+        ("/v2/models/detr-digits/infer", f"?version={PREVIOUS}", 200, PREVIOUS),
+        ("/v2/models/detr-digits/infer", "", 200, SERVED.name),
         ("/v2/models/detr-digits/infer", "?version=abc", 400, None),
-        ("/v2/models/detr-digits/versions/2/infer", "?version=2", 200, "2"),
-        ("/v2/models/detr-digits/versions/2/infer", "?version=02", 200, "2"),  # one version, two spellings
-        ("/v2/models/detr-digits/versions/2/infer", "?version=1", 400, None),
+        (f"/v2/models/detr-digits/versions/{SERVED.name}/infer", f"?version={SERVED.name}", 200, SERVED.name),
+        (f"/v2/models/detr-digits/versions/{SERVED.name}/infer", f"?version=0{SERVED.name}", 200, SERVED.name),
+        (f"/v2/models/detr-digits/versions/{SERVED.name}/infer", f"?version={PREVIOUS}", 400, None),
     ],
 )
 async def test_version_query_on_v2_infer_is_honoured_or_refused(path: str, query: str, status: int, version) -> None:
-    x = np.zeros((1, 1, 128, 128), np.float32)  # both versions take 128x128 (version 1 only that)
+    x = np.zeros((1, 1, 128, 128), np.float32)  # every version takes 128x128 (version 1 only that)
     async with running_app() as client:
         response = await client.post(path + query, json=request(x))
     assert response.status_code == status, response.text
@@ -120,7 +123,7 @@ async def test_version_query_on_v2_infer_is_honoured_or_refused(path: str, query
 
 async def test_config_shows_the_models_own_version_policy() -> None:
     async with running_app() as client:
-        detr = (await client.get("/v2/models/detr-digits/versions/1/config")).json()
+        detr = (await client.get(f"/v2/models/detr-digits/versions/{PREVIOUS}/config")).json()
         digits = (await client.get("/v2/models/vit-digits/config")).json()
     assert detr["version_policy"] == {"latest": {"num_versions": 2}}  # model_repository/detr-digits/config.json
     assert digits["version_policy"] == {"latest": {"num_versions": 1}}  # no config.json: Triton's default
