@@ -25,13 +25,24 @@ def _metrics(duplicates: float, ap: float) -> dict:
     return {**values, "train_cpu_seconds": 100.0, "steps": 50}
 
 
-def test_the_choice_is_by_val_duplicates_first_then_ap() -> None:
-    # Under the 2 % bar the best AP wins; a higher AP with doubles does not.
+def _with(metrics: dict, **values: float) -> dict:
+    return {**metrics, **{f"val_{k}": v for k, v in values.items()}}
+
+
+def test_the_choice_is_by_val_duplicates_first_then_the_margins_over_the_bars() -> None:
+    # Under the 2 % bar, the farthest from failing a bar wins (here AP decides); a higher AP with doubles does not.
     results = {"baseline": _metrics(0.24, 0.81), "group11": _metrics(0.01, 0.84), "focal-100q": _metrics(0.004, 0.83)}
     assert choose(results) == "group11"
     # None under the bar: the fewest duplicates, whatever its AP.
     assert choose({"baseline": _metrics(0.24, 0.9), "focal-100q": _metrics(0.05, 0.8)}) == "focal-100q"
     assert choose({}) is None
+    # The two finished recipes of 2026-12-06 (val): 0.003 more AP loses to a recall 0.001 from its bar.
+    version_2 = _with(_metrics(0.008, 0.875), precision=0.987, recall=0.981, AP50=0.995)
+    distorted = _with(_metrics(0.002, 0.872), precision=0.994, recall=0.985, AP50=0.997)
+    assert choose({"version-2": version_2, "distorted": distorted}) == "distorted"
+    # A recipe under a bar loses to one over every bar, whatever its AP.
+    short = _with(_metrics(0.004, 0.90), precision=0.99, recall=0.974, AP50=0.997)
+    assert choose({"short": short, "version-2": version_2}) == "version-2"
 
 
 def test_the_table_marks_the_choice_and_names_the_flags() -> None:
