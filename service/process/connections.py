@@ -8,6 +8,13 @@ drain). :class:`SendTimeoutProtocol` is uvicorn's httptools protocol with one ad
 writing has been paused (the buffer is full) for ``send_timeout`` seconds without the client
 reading enough to resume it, the connection is aborted, its buffer dropped, and the request
 sees a disconnect (``ClientDisconnected``, counted as ``cancelled``).
+
+It also bounds **pipelining**. uvicorn answers pipelined requests one at a time but parses every
+request of each chunk it reads and queues them on the connection: one chunk of 20,000 tiny
+``GET``s held about 25 MB. Once :data:`MAX_PIPELINED` requests wait behind the one running, the
+protocol stops parsing: the last request queued is answered with ``Connection: close``, the rest
+of the bytes are dropped unread, and the connection closes after that answer. A client must retry
+the requests it got no answer for (RFC 9112, Sec. 9.3.2); none of them reached the app.
 """
 
 from __future__ import annotations
@@ -16,11 +23,39 @@ import asyncio
 import logging
 from typing import Any
 
+import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "service.process.connections:SendTimeoutProtocol"  # uvicorn's ``http`` setting (importable by workers)
+MAX_PIPELINED = 32  # requests a connection may queue behind the one running (each ~1.2 KB and its body)
+
+
+class _PipelineFull(Exception):
+    """Raised in a parser callback to stop parsing a chunk (httptools has no pause)."""
+
+
+class _StoppableParser:
+    """httptools' request parser, for which a stop by :class:`_PipelineFull` is not a bad request.
+
+    httptools reports an exception raised in a callback as ``HttpParserCallbackError``, which
+    uvicorn answers with a 400 and a warning; this wrapper swallows it when the callback stopped
+    the parse on purpose, so uvicorn carries on with the requests already parsed.
+    """
+
+    def __init__(self, parser: httptools.HttpRequestParser) -> None:
+        self._parser = parser
+
+    def feed_data(self, data: bytes) -> None:
+        try:
+            self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _PipelineFull):
+                raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._parser, name)
 
 
 class SendTimeoutProtocol(HttpToolsProtocol):
@@ -34,6 +69,25 @@ class SendTimeoutProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._send_timer: asyncio.TimerHandle | None = None
         self._running: Any = None  # the request cycle whose task runs now (pipelined ones wait in self.pipeline)
+        self._parsing_stopped = False  # MAX_PIPELINED reached: what arrives is dropped, the connection closes
+        self.parser = _StoppableParser(self.parser)  # type: ignore[assignment]
+
+    def data_received(self, data: bytes) -> None:
+        if self._parsing_stopped:
+            return  # dropped unparsed: the connection closes once the requests it queued are answered
+        super().data_received(data)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if len(self.pipeline) >= MAX_PIPELINED and not self._parsing_stopped:
+            self._parsing_stopped = True
+            self.cycle.keep_alive = False  # the request just queued is the last answered: Connection: close
+            log.info(
+                "client %s pipelined more than %d requests: the connection closes after answering them",
+                self.client,
+                MAX_PIPELINED,
+            )
+            raise _PipelineFull  # stops httptools in the middle of the chunk; _StoppableParser swallows it
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         self._running = cycle

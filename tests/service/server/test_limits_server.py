@@ -149,14 +149,18 @@ def test_a_client_that_never_reads_its_responses_is_disconnected_after_the_send_
     # Issue 15: uvicorn has no send timeout; unread responses stayed buffered for the connection's life.
     import time
 
+    from service.process.connections import MAX_PIPELINED
+
+    path = "/playground/examples/chelsea.png"
     with server_process(env={"PATCHSERVE_SEND_TIMEOUT": "1"}) as (url, process):
         port = int(url.rsplit(":", 1)[1])
-        size = len(httpx.get(url + "/openapi.json").content)
-        count = 20 * 2**20 // size + 1  # 20 MiB of responses: more than any socket buffers on the way
+        size = len(httpx.get(url + path).content)
+        count = MAX_PIPELINED + 1  # all a connection may queue: 7.9 MB, more than the socket buffers on the way
+        assert count * size > 6 * 2**20  # loopback sockets buffer at most 4 MiB on this Debian (tcp_wmem)
         sock = socket.socket()
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         sock.connect(("127.0.0.1", port))
-        sock.sendall(b"GET /openapi.json HTTP/1.1\r\nHost: x\r\n\r\n" * count)  # pipelined, never read
+        sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode() * count)  # pipelined, never read
         deadline = time.monotonic() + 120  # a bound on waiting, never a measured figure
         while "PATCHSERVE_SEND_TIMEOUT" not in process.log_path.read_text() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -177,6 +181,35 @@ def test_a_client_that_never_reads_its_responses_is_disconnected_after_the_send_
     # marks only the last request parsed as disconnected), three ERROR tracebacks each time.
     assert "Exception in ASGI application" not in after and "unhandled error" not in after, after[-3000:]
     print(f"{count} pipelined responses of {size} bytes: {received} received before the abort (reset: {reset})")
+
+
+def test_pipelined_requests_past_the_bound_are_never_parsed_and_cost_no_memory() -> None:
+    # A fresh user: 20,000 pipelined GETs (680 KB) held about 25 MB on one connection, since uvicorn
+    # parses every request of each chunk it reads. Now a connection queues MAX_PIPELINED at most.
+    from service.process.connections import MAX_PIPELINED
+
+    count, connections = 20_000, 4
+    with server_process() as (url, process):
+        port = int(url.rsplit(":", 1)[1])
+        before = peak_rss(process.pid)
+        answers = []
+        for _ in range(connections):
+            with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n" * count)
+                received = b""
+                while chunk := sock.recv(1 << 16):  # until the server closes the connection
+                    received += chunk
+            answers.append(received.split(b"HTTP/1.1 ")[1:])
+        growth = peak_rss(process.pid) - before
+        alive = httpx.get(url + "/healthz")
+        log = process.log_path.read_text()
+    answered_counts = [len(a) for a in answers]
+    print(f"{connections} x {count} pipelined GETs: answered {answered_counts}, RSS growth {growth / 2**20:.1f} MiB")
+    for answered in answers:
+        assert 0 < len(answered) < count and all(a.startswith(b"200") for a in answered)
+        assert b"connection: close" in answered[-1].lower()  # said before the server closed
+    assert f"pipelined more than {MAX_PIPELINED} requests" in log and alive.status_code == 200
+    assert growth < 20 * 2**20  # 4 x 25 MB before the bound
 
 
 def test_a_refused_client_that_writes_its_whole_body_first_reads_the_503_not_a_reset() -> None:
