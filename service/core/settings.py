@@ -235,6 +235,18 @@ class Settings(BaseSettings):
         description="Seconds a response may sit unsent because the client does not read it; then the "
         "connection is aborted and its buffer freed.",
     )
+    header_timeout: float = Field(
+        30.0,
+        gt=0.0,
+        description="Seconds a request's line and headers may take to arrive after its first byte; then 408 "
+        "and the connection closes (nginx: client_header_timeout).",
+    )
+    max_header_bytes: int = Field(
+        65536,
+        ge=1024,
+        description="Bytes a request's line and headers may take (counted from the chunk after the one it "
+        "began in); more is 431 and the connection closes (nginx: large_client_header_buffers).",
+    )
 
     @field_validator("api_keys", "auth_public_paths", "cors_allow_origins", mode="before")
     @classmethod

@@ -1,25 +1,39 @@
-"""Connections whose client does not read: a send timeout, which uvicorn lacks (issue 15).
+"""The HTTP/1.1 connection's own bounds, which uvicorn lacks: unread responses, pipelining, headers.
 
-uvicorn writes a response into the connection's transport and, when the transport's buffer
-passes its high-water mark, waits for it to drain, with no limit: a client that never reads
-its response keeps the request's task, its in-flight slot and the unsent bytes on the server
-for as long as the connection lives (asyncio's ``close()`` itself waits for the buffer to
-drain). :class:`SendTimeoutProtocol` is uvicorn's httptools protocol with one addition: once
-writing has been paused (the buffer is full) for ``send_timeout`` seconds without the client
-reading enough to resume it, the connection is aborted, its buffer dropped, and the request
-sees a disconnect (``ClientDisconnected``, counted as ``cancelled``).
+:class:`BoundedProtocol` is uvicorn's httptools protocol with these additions (issue 15 and after):
 
-It also bounds **pipelining**. uvicorn answers pipelined requests one at a time but parses every
-request of each chunk it reads and queues them on the connection: one chunk of 20,000 tiny
-``GET``s held about 25 MB. Once :data:`MAX_PIPELINED` requests wait behind the one running, the
-protocol stops parsing: the last request queued is answered with ``Connection: close``, the rest
-of the bytes are dropped unread, and the connection closes after that answer. A client must retry
-the requests it got no answer for (RFC 9112, Sec. 9.3.2); none of them reached the app.
+* **A send timeout.** uvicorn writes a response into the connection's transport and, when the
+  transport's buffer passes its high-water mark, waits for it to drain, with no limit: a client
+  that never reads its response keeps the request's task, its in-flight slot and the unsent bytes
+  on the server for as long as the connection lives (asyncio's ``close()`` itself waits for the
+  buffer to drain). Once writing has been paused for ``send_timeout`` seconds without the client
+  reading enough to resume it, the connection is aborted, its buffer dropped, and the request
+  sees a disconnect (``ClientDisconnected``, counted as ``cancelled``).
+* **Pipelining.** uvicorn answers pipelined requests one at a time but parses every request of
+  each chunk it reads and queues them on the connection: one chunk of 20,000 tiny ``GET``s held
+  about 25 MB. Once :data:`MAX_PIPELINED` requests wait behind the one running, the protocol stops
+  parsing: the last request queued is answered with ``Connection: close``, the rest of the bytes
+  are dropped unread, and the connection closes after that answer. A client must retry the
+  requests it got no answer for (RFC 9112, Sec. 9.3.2); none of them reached the app.
+* **Request headers, by size and by time.** httptools buffers a header of any length and uvicorn
+  waits for the end of the headers without limit, so megabytes of headers, or headers trickled a
+  byte a minute (slowloris), held memory and a connection for ever; so did a connection that sent
+  nothing. A request whose request line and headers pass ``max_header_bytes`` is answered 431
+  (RFC 6585, Sec. 5); one whose headers are not complete ``header_timeout`` seconds after its first
+  byte is answered 408 (RFC 9110, Sec. 15.5.9); both close the connection, as nginx does with
+  ``large_client_header_buffers`` and ``client_header_timeout``. A new connection that sends no
+  byte is closed after the keep-alive timeout, as an idle kept-alive one is. The size is counted
+  from the chunk after the one in which the request began (where in a chunk a request begins is
+  not known), so it may pass the limit by one chunk before it is refused, never fewer bytes.
+
+The settings are read from uvicorn's config (:class:`service.process.serve.ServeConfig`); without
+them the protocol is uvicorn's own.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -28,16 +42,16 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 log = logging.getLogger(__name__)
 
-PROTOCOL = "service.process.connections:SendTimeoutProtocol"  # uvicorn's ``http`` setting (importable by workers)
+PROTOCOL = "service.process.connections:BoundedProtocol"  # uvicorn's ``http`` setting (importable by workers)
 MAX_PIPELINED = 32  # requests a connection may queue behind the one running (each ~1.2 KB and its body)
 
 
-class _PipelineFull(Exception):
+class _StopParsing(Exception):
     """Raised in a parser callback to stop parsing a chunk (httptools has no pause)."""
 
 
 class _StoppableParser:
-    """httptools' request parser, for which a stop by :class:`_PipelineFull` is not a bad request.
+    """httptools' request parser, for which a stop by :class:`_StopParsing` is not a bad request.
 
     httptools reports an exception raised in a callback as ``HttpParserCallbackError``, which
     uvicorn answers with a 400 and a warning; this wrapper swallows it when the callback stopped
@@ -51,31 +65,106 @@ class _StoppableParser:
         try:
             self._parser.feed_data(data)
         except httptools.HttpParserCallbackError as exc:
-            if not isinstance(exc.__context__, _PipelineFull):
+            if not isinstance(exc.__context__, _StopParsing):
                 raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._parser, name)
 
 
-class SendTimeoutProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, aborting a connection whose writes stay paused ``send_timeout`` s.
-
-    ``send_timeout`` (seconds) is read from uvicorn's config (:class:`service.process.serve.ServeConfig`);
-    without it the protocol is uvicorn's own.
-    """
+class BoundedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with a send timeout and bounds on pipelining and on request headers."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._send_timer: asyncio.TimerHandle | None = None
         self._running: Any = None  # the request cycle whose task runs now (pipelined ones wait in self.pipeline)
-        self._parsing_stopped = False  # MAX_PIPELINED reached: what arrives is dropped, the connection closes
+        self._parsing_stopped = False  # what arrives is dropped; the connection closes after its answers
         self.parser = _StoppableParser(self.parser)  # type: ignore[assignment]
+        self._in_headers = False  # a request has begun and its headers are not complete
+        self._header_bytes: int | None = None  # bytes of them counted so far (None: in the chunk it began)
+        self._header_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        # uvicorn arms its keep-alive timeout only after a response: a connection that never sent a
+        # byte was held for ever
+        self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive, self.timeout_keep_alive_handler)
+
+    def _in_flight(self) -> bool:
+        return self.cycle is not None and not self.cycle.response_complete
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._in_headers, self._header_bytes = True, None
+        if not self._in_flight():  # while one runs, reading is paused: its follower's headers wait unread
+            self._arm_header_timer()
+
+    def on_headers_complete(self) -> None:
+        self._in_headers = False
+        self._cancel_header_timer()
+        super().on_headers_complete()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._in_headers and not self.transport.is_closing():  # reading resumes: the follower's clock starts
+            self._arm_header_timer()
+
+    def _arm_header_timer(self) -> None:
+        timeout = getattr(self.config, "header_timeout", None)
+        if timeout and self._header_timer is None:
+            self._header_timer = self.loop.call_later(timeout, self._headers_too_slow, timeout)
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _headers_too_slow(self, timeout: float) -> None:
+        self._header_timer = None
+        if not self._in_headers or self._in_flight() or self.transport.is_closing():
+            return
+        log.info(
+            "client %s sent no complete request headers in %.1f s (PATCHSERVE_HEADER_TIMEOUT)", self.client, timeout
+        )
+        self._refuse(408, "Request Timeout", f"the request's headers did not arrive within {timeout:g} s")
+
+    def _refuse(self, status: int, title: str, detail: str) -> None:
+        """Answer the request whose headers are arriving with ``status`` and close (nothing else is in flight)."""
+        self._parsing_stopped = True
+        self._cancel_header_timer()
+        if self.url.startswith(b"/v2"):
+            body = json.dumps({"error": detail}).encode()
+            media = b"application/json"
+        else:
+            body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+            media = b"application/problem+json"
+        head = [b"HTTP/1.1 %d %s\r\n" % (status, title.encode())]
+        head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
+        head += [
+            b"content-type: " + media + b"\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n\r\n",
+        ]
+        self.transport.write(b"".join(head) + body)
+        self.transport.close()
 
     def data_received(self, data: bytes) -> None:
         if self._parsing_stopped:
             return  # dropped unparsed: the connection closes once the requests it queued are answered
+        counting = self._in_headers and self._header_bytes is not None
         super().data_received(data)
+        if not self._in_headers or self._parsing_stopped:
+            return
+        self._header_bytes = self._header_bytes + len(data) if counting and self._header_bytes is not None else 0
+        limit = getattr(self.config, "max_header_bytes", None)
+        if limit and self._header_bytes > limit:
+            log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
+            if self._in_flight():  # a pipelined request's: answer those before it, then close
+                self._parsing_stopped = True
+                self.cycle.keep_alive = False
+            else:
+                self._refuse(431, "Request Header Fields Too Large", f"the request's headers pass {limit} bytes")
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -87,7 +176,7 @@ class SendTimeoutProtocol(HttpToolsProtocol):
                 self.client,
                 MAX_PIPELINED,
             )
-            raise _PipelineFull  # stops httptools in the middle of the chunk; _StoppableParser swallows it
+            raise _StopParsing  # stops httptools in the middle of the chunk; _StoppableParser swallows it
 
     def _start_asgi_task(self, cycle: Any, app: Any) -> None:
         self._running = cycle
@@ -110,6 +199,7 @@ class SendTimeoutProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_send_timer()
+        self._cancel_header_timer()
         running = self._running
         if running is not None and not running.response_complete:
             # uvicorn marks only the last request parsed as disconnected: with pipelined requests the

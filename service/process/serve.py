@@ -75,13 +75,25 @@ def prepare_multiprocess_dir() -> tuple[Path, bool]:
 
 
 class ServeConfig(uvicorn.Config):
-    """uvicorn's configuration plus ``drain_delay`` and ``send_timeout`` (seconds), which travel to
-    spawned workers (``send_timeout`` is read by :class:`service.process.connections.SendTimeoutProtocol`)."""
+    """uvicorn's configuration plus ``drain_delay``, ``send_timeout`` and ``header_timeout`` (seconds) and
+    ``max_header_bytes``, which travel to spawned workers (all but the first are read by
+    :class:`service.process.connections.BoundedProtocol`)."""
 
-    def __init__(self, app: str, *, drain_delay: float = 0.0, send_timeout: float | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        app: str,
+        *,
+        drain_delay: float = 0.0,
+        send_timeout: float | None = None,
+        header_timeout: float | None = None,
+        max_header_bytes: int | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(app, **kwargs)
         self.drain_delay = drain_delay
         self.send_timeout = send_timeout
+        self.header_timeout = header_timeout
+        self.max_header_bytes = max_header_bytes
 
 
 class DrainingServer(uvicorn.Server):
@@ -172,6 +184,8 @@ def uvicorn_config(settings: Settings) -> ServeConfig:
         timeout_graceful_shutdown=settings.graceful_shutdown_timeout,
         drain_delay=settings.drain_delay,
         send_timeout=settings.send_timeout,
+        header_timeout=settings.header_timeout,
+        max_header_bytes=settings.max_header_bytes,
     )
 
 

@@ -1,4 +1,4 @@
-"""service.process.connections: the protocol's bound on pipelined requests, fed bytes directly.
+"""service.process.connections: the protocol's bounds on pipelining and request headers, fed bytes directly.
 
 A real server reads a client's bytes in chunks whose size the kernel decides; here one chunk is
 handed to the protocol, so how many requests it parses, queues and answers is exact.
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from service.process.connections import MAX_PIPELINED, PROTOCOL, SendTimeoutProtocol
+from service.process.connections import MAX_PIPELINED, PROTOCOL, BoundedProtocol
 from service.process.serve import ServeConfig
 
 pytestmark = pytest.mark.anyio
@@ -53,11 +53,11 @@ async def ok(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
-def protocol() -> tuple[SendTimeoutProtocol, Transport]:
+def protocol(**settings: Any) -> tuple[BoundedProtocol, Transport]:
     from uvicorn.server import ServerState
 
-    config = ServeConfig(ok, http=PROTOCOL, lifespan="off", log_level="warning")  # type: ignore[arg-type]
-    made = SendTimeoutProtocol(config=config, server_state=ServerState(), app_state={})
+    config = ServeConfig(ok, http=PROTOCOL, lifespan="off", log_level="warning", **settings)  # type: ignore[arg-type]
+    made = BoundedProtocol(config=config, server_state=ServerState(), app_state={})
     transport = Transport()
     made.connection_made(transport)  # type: ignore[arg-type]
     return made, transport
@@ -66,6 +66,13 @@ def protocol() -> tuple[SendTimeoutProtocol, Transport]:
 async def answered(transport: Transport, count: int) -> None:
     for _ in range(1000):  # a bound on waiting for the loop to run the requests, not a measured time
         if transport.closed or transport.written.count(b"HTTP/1.1 200") >= count:
+            return
+        await asyncio.sleep(0.005)
+
+
+async def closed(transport: Transport) -> None:
+    for _ in range(1000):  # a bound on waiting for the protocol's timer, not a measured time
+        if transport.closed:
             return
         await asyncio.sleep(0.005)
 
@@ -98,3 +105,63 @@ async def test_a_malformed_request_is_still_answered_400() -> None:
     made, transport = protocol()
     made.data_received(b"NOT HTTP AT ALL\r\n\r\n")
     assert transport.written.startswith(b"HTTP/1.1 400") and transport.closed
+
+
+async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes() -> None:
+    made, transport = protocol(max_header_bytes=2048)
+    made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: ")  # the read the request began in
+    for _ in range(3):
+        made.data_received(b"a" * 1000)  # 3,000 bytes of one header value since
+    assert transport.written.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") and transport.closed
+    assert b"content-type: application/problem+json" in transport.written
+    made.data_received(b"\r\n\r\n")  # dropped: nothing more is answered
+    assert transport.written.count(b"HTTP/1.1") == 1
+
+
+async def test_headers_under_the_limit_in_many_reads_are_served() -> None:
+    made, transport = protocol(max_header_bytes=2048)
+    request = b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: " + b"a" * 1500 + b"\r\n\r\n"
+    for i in range(0, len(request), 100):
+        made.data_received(request[i : i + 100])
+    await answered(transport, 1)
+    assert transport.written.startswith(b"HTTP/1.1 200") and not transport.closed
+
+
+async def test_a_v2_request_with_too_large_headers_gets_its_error_as_v2_writes_them() -> None:
+    made, transport = protocol(max_header_bytes=1024)
+    made.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nX-Long: ")
+    made.data_received(b"a" * 2000)
+    assert transport.written.startswith(b"HTTP/1.1 431") and b'{"error": ' in transport.written
+
+
+async def test_headers_that_trickle_past_the_header_timeout_are_answered_408() -> None:
+    made, transport = protocol(header_timeout=0.05)
+    made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line (slowloris)
+    await closed(transport)
+    assert transport.written.startswith(b"HTTP/1.1 408 Request Timeout\r\n")
+    assert b"connection: close" in transport.written
+
+
+async def test_the_header_timeout_does_not_run_while_a_request_before_it_is_in_flight() -> None:
+    # while one request runs uvicorn reads no more, so the next one's headers may wait unread
+    gate = asyncio.Event()
+
+    async def slow(scope: dict, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await ok(scope, receive, send)
+
+    made, transport = protocol(header_timeout=0.05)
+    made.app = slow
+    made.data_received(GET + b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the second one's headers unfinished
+    await asyncio.sleep(0.2)  # four header timeouts pass while the first runs
+    assert not transport.closed and transport.written == b""
+    gate.set()
+    await answered(transport, 1)
+    await closed(transport)  # its own clock starts once the first is answered
+    assert transport.written.startswith(b"HTTP/1.1 200") and b"HTTP/1.1 408" in transport.written
+
+
+async def test_a_connection_that_sends_nothing_is_closed_after_the_keep_alive_timeout() -> None:
+    _, transport = protocol(timeout_keep_alive=0.05)
+    await closed(transport)
+    assert transport.closed and transport.written == b""

@@ -136,11 +136,14 @@ def test_uvicorn_runs_uvloop_and_httptools_with_the_backlog_setting() -> None:
     from service.process import serve
     from tests.conftest import make_settings
 
-    config = serve.uvicorn_config(make_settings(backlog=4096, send_timeout=7.5))
-    protocol = "service.process.connections:SendTimeoutProtocol"
+    config = serve.uvicorn_config(
+        make_settings(backlog=4096, send_timeout=7.5, header_timeout=3.0, max_header_bytes=2048)
+    )
+    protocol = "service.process.connections:BoundedProtocol"
     assert (config.loop, config.http, config.backlog) == ("uvloop", protocol, 4096)
     config.load()
     assert issubclass(config.http_protocol_class, HttpToolsProtocol) and config.send_timeout == 7.5
+    assert (config.header_timeout, config.max_header_bytes) == (3.0, 2048)
     assert serve.uvicorn_config(make_settings()).backlog == 2048
 
 

@@ -212,6 +212,44 @@ def test_pipelined_requests_past_the_bound_are_never_parsed_and_cost_no_memory()
     assert growth < 20 * 2**20  # 4 x 25 MB before the bound
 
 
+def test_huge_slow_or_absent_request_headers_are_refused_and_the_server_serves_on() -> None:
+    # uvicorn with httptools bounded neither: a client could send megabytes of headers, trickle them
+    # for ever (slowloris), or connect and send nothing, and hold the connection.
+    def read_all(sock: socket.socket) -> bytes:
+        received = b""
+        while chunk := sock.recv(1 << 16):  # until the server closes the connection
+            received += chunk
+        return received
+
+    env = {"PATCHSERVE_HEADER_TIMEOUT": "1", "PATCHSERVE_KEEP_ALIVE_TIMEOUT": "1"}
+    with server_process(env=env) as (url, process):
+        port = int(url.rsplit(":", 1)[1])
+        before = peak_rss(process.pid)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: ")
+            try:
+                for _ in range(64):  # 64 MiB, unless the server has closed the connection on the way
+                    sock.sendall(b"a" * (1 << 20))
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+            try:
+                big = read_all(sock)
+            except ConnectionResetError:  # it closed with our bytes unread: the 431 may be lost
+                big = b"(reset)"
+        growth = peak_rss(process.pid) - before
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+            slow = read_all(sock)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            silent = read_all(sock)  # sends nothing
+        alive = httpx.get(url + "/healthz")
+    print(f"64 MiB header: {big[:40]!r}, peak RSS growth {growth / 2**20:.1f} MiB; slow: {slow[:30]!r}")
+    assert big.startswith(b"HTTP/1.1 431") or big == b"(reset)"
+    assert growth < 16 * 2**20  # httptools buffered all 64 MiB of the one header value before
+    assert slow.startswith(b"HTTP/1.1 408") and b"connection: close" in slow
+    assert silent == b"" and alive.status_code == 200
+
+
 def test_a_refused_client_that_writes_its_whole_body_first_reads_the_503_not_a_reset() -> None:
     # Found by a fresh user: 72 of 200 concurrent 350 KB uploads with Connection: close got a TCP
     # reset, not the 503, because the refusal closed the socket with their body unread. 8 MiB is
