@@ -6,28 +6,28 @@ routing table) in line with the repository folder and each model's version polic
 ``PATCHSERVE_REPOSITORY_POLL_SECONDS``) and by the repository API
 (``POST /v2/repository/models/{name}/load|unload``, :mod:`service.http.routes.repository`).
 
-**A version counts** once its folder holds ``model.json`` and ``model.onnx`` (a folder whose
-name starts with a dot is ignored). The poller also waits until both files' sizes and
-modification times are the same at two polls in a row, so a copy still being written is not
-loaded half-way; publishing atomically (write ``.2.partial/``, then rename it to ``2``) makes
-that wait harmless. The load API takes the folder as it is at once.
+**A version counts** once its folder holds ``model.json`` and ``model.onnx`` (a folder whose name
+starts with a dot is ignored). The poller also waits until both files' sizes and modification
+times are the same at two polls in a row, so a copy still being written is not loaded half-way;
+publishing atomically (write ``.2.partial/``, then rename it to ``2``) makes that wait harmless.
+The load API takes the folder as it is at once.
 
 **Swap.** A new version is loaded in a worker thread (manifest, sessions, the graph's input and
 outputs checked against the manifest, the auto-tuner's cached result, one warm-up run per batch
 size), so requests to every other version go on meanwhile; only then is its batcher started and
-it enters the routing table. The event loop makes that one step: a request sees the old table or
-the new one.
+it enters the routing table. The event loop makes that one step: a request sees the old table or the new one.
 
 **Retire.** A version the policy no longer selects (or whose folder went, or whose model was
 unloaded) leaves the routing table at once: no new request reaches it. Requests that reached it
-hold it (:meth:`ModelRepository.use`) until answered, so what it has queued and in flight gets
-its answer; once none holds it (or after its request timeout and ``drain_margin`` seconds) its batcher stops, its
-sessions and buffers are let go, and it is listed ``UNAVAILABLE`` ``"unloaded"`` (Triton's) until its folder goes.
+hold it (:meth:`ModelRepository.use`) until answered; once none holds it (or after its request
+timeout and ``drain_margin`` seconds) its batcher stops, its sessions and buffers are let go, and
+it is listed ``UNAVAILABLE`` ``"unloaded"`` (Triton's) until its folder goes.
 
 **Failure.** A version that fails to load never enters the table, so it never displaces the one
-serving: it is logged, counted in ``patchserve_model_loads_total{outcome="failure"}``, and shown
-with its reason until its files change (the poller then tries again) or a load asks again; a
-version rewritten in place whose new files fail stays ``READY`` on its earlier ones, with that reason.
+serving: the policy then selects among the others (loading the next one it picks), and the failure
+is logged, counted in ``patchserve_model_loads_total{outcome="failure"}`` and shown with its reason
+until its files change (the poller then tries again) or a load asks again; a version rewritten in
+place whose new files fail stays ``READY`` on its earlier ones, with that reason.
 
 Every method runs on the event loop; one change at a time (a lock), so two loads never compete.
 """
@@ -120,10 +120,8 @@ class ModelControl:
         Raises:
             ConfigError: a model's config.json is invalid.
         """
-        complete = {
-            name: {v: f for v, f in versions.items() if f.fingerprint is not None}
-            for name, versions in self.scan().items()
-        }
+        versions = self.scan().items()
+        complete = {name: {v: f for v, f in found.items() if f.fingerprint is not None} for name, found in versions}
         chosen = apply_policies(complete, self.policy)
         for name, version, found in chosen:
             self._seen[(name, version)] = found.fingerprint
@@ -175,17 +173,18 @@ class ModelControl:
                 return
             loadable, kept = self._candidates(name, found, routed, states, settled=settled, force=force)
         available = set(loadable) | kept
-        wanted = policy.select(available) if policy is not None else set()
+        tried = {v for v in routed if v in loadable and self._serving.get((name, v)) == loadable[v].fingerprint}
         failed = False
-        for version in sorted(wanted, reverse=True):  # the highest first: it takes the requests without a version
-            if version not in loadable:
-                continue  # serving already, kept as it is
-            if version in routed and self._serving.get((name, version)) == loadable[version].fingerprint:
-                continue  # serving already, with these files
-            if not await self._load(name, version, loadable[version]) and version not in routed:
-                available.discard(version)
-                failed = True
-        wanted = policy.select(available) if policy is not None else set()  # failures never displace what serves
+        while True:  # a failure leaves a version out, and the policy may then select one not loaded yet
+            wanted = policy.select(available) if policy is not None else set()
+            todo = [v for v in sorted(wanted - tried, reverse=True) if v in loadable]  # (tried: or serving these files)
+            if not todo:  # (the highest first: it takes the unversioned requests)
+                break
+            for version in todo:
+                tried.add(version)
+                if not await self._load(name, version, loadable[version]) and version not in routed:
+                    available.discard(version)
+                    failed = True
         pending = set(found) - available  # folders that failed, or are not complete (or settled) yet
         if policy is not None and routed and not wanted and policy.select(available | pending):
             # A policy that selects only versions that cannot serve (e.g. "specific: [2]" with a broken

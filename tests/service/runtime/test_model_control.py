@@ -458,6 +458,30 @@ async def test_a_load_succeeds_when_only_versions_its_policy_leaves_out_fail(rep
         assert members.status_code == 400 and "5001 object members" in members.json()["error"]
 
 
+async def test_a_failed_highest_version_falls_back_to_the_next_and_never_retires_what_serves(repository: Path) -> None:
+    # Found by a fresh user: a good version 2 and a broken version 3 published together, latest 1: version 3
+    # failed, the selection over what was left picked 2, which that pass never loaded, and version 1 was
+    # retired for it: 404 for the whole model, and with the load API (no polling) for good.
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
+        publish(repository, "vit-digits", 2, "copy")
+        publish(repository, "vit-digits", 3, "bad-manifest")
+        refused = await client.post(LOAD)
+        assert refused.status_code == 400 and "version 3:" in refused.json()["error"]  # what latest 1 selects failed
+        served = await classify(client)
+        assert served.status_code == 200 and served.json()["version"] == "2", served.text  # the next one serves
+        await control(client).until_retired()
+        states = {e["version"]: e["state"] for e in (await client.post(INDEX)).json()}
+        assert states == {"1": "UNAVAILABLE", "2": "READY", "3": "UNAVAILABLE"}
+        # three broken versions at once: every one fails, and version 2 serves throughout
+        publish(repository, "vit-digits", 4, "wrong-input")
+        publish(repository, "vit-digits", 5, "bad-manifest")
+        publish(repository, "vit-digits", 6, "wrong-input")
+        assert (await client.post(LOAD)).status_code == 400
+        await control(client).until_retired()
+        assert (await classify(client)).json()["version"] == "2"
+        assert (await client.get("/readyz")).status_code == 200
+
+
 async def test_a_load_overtaken_by_an_unload_says_so(repository: Path) -> None:
     # Found by a fresh user: of 10 loads racing 10 unloads, 9 loads were told "no complete version folder
     # its version policy selects" though the folder was complete; the unload that came in was the cause.
