@@ -49,6 +49,7 @@ def check_containers(body: bytes, limit: int, advice: str) -> None:
         )
 
 
+PARSE_ON_LOOP_BYTES = 64 * 1024  # bodies up to this size are parsed on the event loop (a millisecond at most)
 STRUCTURE_COMMAS = 1024  # commas a /v2 document spends between its fields, names and parameters
 
 

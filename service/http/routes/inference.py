@@ -151,6 +151,7 @@ async def serve(
                 max_body_bytes=settings.max_body_bytes,
                 max_images=settings.max_images_per_request,
                 max_parts=settings.max_multipart_parts,
+                pool=state.decode_pool,
             ),
             deadline - model.batcher.clock.now(),
             request,

@@ -23,6 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service.core.codings import content_coding
 from service.core.errors import BadRequest, ProblemError, release_frames
+from service.core.json_bounds import PARSE_ON_LOOP_BYTES
 from service.http.accounting import accounted
 from service.http.deps import Repository, State, Version, get_repository
 from service.http.lifetime import body_by_deadline, hold_more_body, requested_timeout, unless_disconnected
@@ -276,10 +277,6 @@ async def model_config(name: str, repository: Repository, state: State) -> dict[
 async def model_version_config(name: str, version: str, repository: Repository, state: State) -> dict[str, Any]:
     model = repository.get(name, version)
     return _config(model, state.settings.max_images_per_request, _version_policy(model, state))
-
-
-# Bodies up to this size are parsed on the event loop (a millisecond at most); larger ones in a decode thread
-PARSE_ON_LOOP_BYTES = 64 * 1024
 
 
 async def _parsed(

@@ -294,3 +294,46 @@ async def test_json_images_may_be_wrapped_base64_but_other_characters_are_refuse
     assert results[0] == results[1] == results[2] == results[3]
     for response in bad:  # other whitespace and other characters stay refused
         assert_problem(response, 400, "images[0] is not valid base64")
+
+
+async def test_a_json_body_of_many_values_is_refused_before_it_is_parsed(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Found by a fresh user: 20 MB of {"images": [...], "x": [0, 0, ...]} was parsed in full on the
+    # event loop before its 400 (unknown key): four at once held /healthz up for a second.
+    import orjson
+
+    from service.http import uploads
+
+    parsed: list[int] = []
+    real = orjson.loads
+    monkeypatch.setattr(uploads.orjson, "loads", lambda body: parsed.append(len(body)) or real(body))
+    image = base64.b64encode(DIGIT_7).decode()
+    body = b'{"images": ["%s"], "x": [' % image.encode() + b"0," * 200_000 + b"0]}"
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, content=body, headers={"content-type": "application/json"})
+        served = await client.post(CLASSIFY, json={"images": [image, "data:image/png;base64," + image]})
+    assert_problem(response, 400, "the JSON body holds about 200001 values, more than 64")
+    assert parsed == [len(served.request.content)]  # the refused body was never parsed; the good one was
+    assert served.status_code == 200 and len(served.json()["results"]) == 2
+
+
+async def test_a_large_json_body_is_parsed_off_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    import threading
+
+    from service.core.json_bounds import PARSE_ON_LOOP_BYTES
+    from service.http import uploads
+
+    threads: list[str] = []
+    real = uploads._json_images
+
+    def recorded(body: bytes, max_images: int) -> list[bytes]:
+        threads.append(threading.current_thread().name)
+        return real(body, max_images)
+
+    monkeypatch.setattr(uploads, "_json_images", recorded)
+    small = {"images": [base64.b64encode(DIGIT_7).decode()]}
+    large = {"images": [base64.b64encode(DIGIT_7 + b"\0" * PARSE_ON_LOOP_BYTES).decode()]}  # a PNG with junk after IEND
+    async with running_app() as client:
+        answers = [await client.post(CLASSIFY, json=body) for body in (small, large)]
+    assert [a.status_code for a in answers] == [200, 200], answers[1].text
+    assert threads[0] == threading.main_thread().name  # the loop's thread (anyio runs the test's loop there)
+    assert threads[1] != threading.main_thread().name and threads[1].startswith("decode"), threads
