@@ -14,11 +14,17 @@ import asyncio
 import logging
 from typing import Any
 
+from service.core.lifecycle import shutdown_requested
+
 log = logging.getLogger(__name__)
 
 
 async def poll_forever(state: Any, loading: asyncio.Task[None], seconds: float) -> None:
     """Scan every ``seconds`` once start-up (``loading``) has loaded the models, until cancelled or draining.
+
+    Draining starts at the signal (:func:`~service.core.lifecycle.shutdown_requested`), not when the
+    drain delay has passed: a fresh user's server went on loading and warming up a replaced
+    repository for the 5 s between them.
 
     Args:
         state: the worker's :class:`~service.http.state.ServerState` (its ``control`` and ``draining``).
@@ -29,9 +35,9 @@ async def poll_forever(state: Any, loading: asyncio.Task[None], seconds: float) 
     if state.repository is None:
         return
     log.info("polling the model repository %s every %g s", state.control.root, seconds)
-    while not state.draining:
+    while not (state.draining or shutdown_requested()):
         await asyncio.sleep(seconds)
-        if state.draining:
+        if state.draining or shutdown_requested():
             return
         try:
             await state.control.sync()
