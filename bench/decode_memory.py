@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import struct
 import subprocess
 import sys
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -29,6 +31,7 @@ KINDS = (
     "16-bit grey PNG",
     "16-bit grey PNG with a tRNS key",
     "8-bit RGBA PNG",
+    "16-bit RGBA PNG",
     "8-bit RGB PNG",
     "lossless WebP",
     "lossless WebP, 2 frames",
@@ -57,6 +60,8 @@ def image_file(kind: str, side: int = SIDE) -> bytes:
         animated = "frames" in kind
         frames[0].save(buffer, "WEBP", lossless=True, save_all=animated, append_images=frames[1:] if animated else [])
         return buffer.getvalue()
+    if kind == "16-bit RGBA PNG":  # Pillow writes no 16-bit RGBA: the chunks are written here (PNG, Sec. 11.2.2)
+        return _png_rgba16(side)
     if kind.startswith("16-bit"):
         image = Image.fromarray(np.full((side, side), 40_000, np.uint16))
         options = {"transparency": 40_000} if "tRNS" in kind else {}
@@ -66,6 +71,18 @@ def image_file(kind: str, side: int = SIDE) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "PNG", **options)
     return buffer.getvalue()
+
+
+def _png_rgba16(side: int) -> bytes:
+    """A flat ``side`` x ``side`` PNG of colour type 6 (RGBA) at bit depth 16, all samples zero."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", side, side, 16, 6, 0, 0, 0)
+    packer, row = zlib.compressobj(6), b"\0" * (1 + 8 * side)  # filter byte 0 (None), then 8 bytes a pixel
+    idat = b"".join(packer.compress(row) for _ in range(side)) + packer.flush()
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", idat) + chunk(b"IEND", b"")
 
 
 def measure(kind: str, draft: int = 8) -> dict:
