@@ -98,6 +98,7 @@ def scan_bmp(data: bytes, limits: PrescanLimits) -> None:
     Raises:
         PayloadTooLarge: an RLE8 or RLE4 bitmap of more than ``limits.max_bmp_rle_pixels`` pixels, or
             with more RLE data than 2 bytes a pixel and 2 a row (413).
+        InvalidImage: a width that is not positive, or a height of 0 (415).
     """
     if len(data) < 34:
         return
@@ -105,6 +106,8 @@ def scan_bmp(data: bytes, limits: PrescanLimits) -> None:
     if header < 40:  # an OS/2 BITMAPCOREHEADER: no compression field
         return
     width, height, _, _, compression = struct.unpack_from("<iiHHI", data, 18)
+    if width <= 0 or height == 0:  # (a negative height is a top-down bitmap; Pillow read -64 as 2^32 - 64)
+        raise InvalidImage(f"the BMP image is corrupt: its header declares a width of {width} and a height of {height}")
     if compression not in (_RLE8, _RLE4):
         return
     pixels, rows = abs(width) * abs(height), abs(height)

@@ -612,6 +612,20 @@ def test_an_icon_larger_than_256_is_refused_before_pillow_decodes_it_while_openi
         prescan(_ico([small.getvalue(), bomb[22:]], [16, 8]), LIMITS)
 
 
+def test_a_bitmap_with_a_negative_width_or_no_rows_is_corrupt_not_a_bomb() -> None:
+    # A fresh user's: width -64 was a 413 "declares 274877902848 pixels (a decompression bomb?)"
+    for width, height in ((-64, 64), (0, 64), (64, 0)):
+        data = bytearray(_bmp_rle8(64, 64, b"\x00\x01"))
+        struct.pack_into("<iiHHI", data, 18, width, height, 1, 8, 0)  # uncompressed
+        declared = f"corrupt: its header declares a width of {width} and a height of {height}"
+        with pytest.raises(InvalidImage, match=declared):
+            decode_image(bytes(data), color_mode="L", max_pixels=10**6)
+    top_down = bytearray(_bmp_rle8(4, 4, b""))
+    struct.pack_into("<iiHHI", top_down, 18, 4, -4, 1, 8, 0)
+    top_down += bytes(16)  # its 4 rows of 4 bytes
+    assert decode_image(bytes(top_down), color_mode="L", max_pixels=10**6).image.size == (4, 4)
+
+
 def test_rle_bitmaps_are_bounded_in_pixels_and_in_opcodes() -> None:
     # A real RLE8 bitmap decodes as drawn: rows of runs of 255 and an end-of-line each.
     width, height = 640, 480
