@@ -30,7 +30,7 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from service.core.errors import Unauthorized
+from service.core.errors import BadRequest, Unauthorized
 from service.core.settings import Settings
 from service.http.problems import error_response_for
 
@@ -79,8 +79,12 @@ class ApiKeyMiddleware:
         if scope["type"] != "http" or scope["path"] in self.public_paths:
             await self.app(scope, receive, send)
             return
-        authorization = next((value for name, value in scope["headers"] if name == b"authorization"), None)
-        problem = check_bearer(authorization, self.key_digests)
+        given = [value for name, value in scope["headers"] if name == b"authorization"]
+        problem: BadRequest | Unauthorized | None
+        if len(given) > 1:  # a singleton field (RFC 9110, Sec. 5.3): which one counts would be a guess
+            problem = BadRequest(f"the request has {len(given)} Authorization headers; send one: Bearer <key>")
+        else:
+            problem = check_bearer(given[0] if given else None, self.key_digests)
         if problem is None:
             await self.app(scope, receive, send)
             return

@@ -52,6 +52,16 @@ async def test_a_missing_or_wrong_key_is_401(headers: dict[str, str], detail: st
     assert_problem(unknown_route, 401)  # routes are not revealed to callers without a key
 
 
+async def test_two_authorization_headers_are_400_whichever_holds_the_key() -> None:
+    # Found by a fresh user: the first one counted (wrong then right: 401; right then wrong: 200)
+    async with running_app(api_keys=KEYS) as client:
+        for first, second in ((KEYS[0], "nope"), ("nope", KEYS[0]), (KEYS[0], KEYS[1])):
+            headers = [("Authorization", f"Bearer {first}"), ("Authorization", f"Bearer {second}")]
+            response = await client.get("/v1/models", headers=headers)
+            assert_problem(response, 400, "the request has 2 Authorization headers; send one")
+        assert (await client.get("/v1/models", headers=bearer(KEYS[0]))).status_code == 200
+
+
 @pytest.mark.parametrize("authorization", [f"Bearer {KEYS[0]}", f"bearer {KEYS[1]}", f"  BEARER   {KEYS[1]} "])
 async def test_any_configured_key_is_accepted(authorization: str) -> None:
     async with running_app(api_keys=KEYS) as client:
