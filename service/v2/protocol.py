@@ -12,8 +12,7 @@ response JSON objects) and its binary tensor data extension (Triton's ``binary_t
 * a ``BYTES`` element in binary is a 4-byte little-endian length and the bytes;
 * an error is ``{"error": "<message>"}`` with a 4xx or 5xx status.
 
-Request bodies compressed with ``Content-Encoding: gzip`` or ``deflate`` (what tritonclient's
-``request_compression_algorithm`` sends) are inflated here, never past the body-size cap.
+A body with ``Content-Encoding: gzip`` or ``deflate`` (tritonclient's compression) is inflated, never past the cap.
 """
 
 from __future__ import annotations
@@ -224,7 +223,8 @@ def _read_input(entry: Any, index: int, binary: memoryview, offset: int, literal
     )
     if datatype == BYTES:
         raise BadRequest(f"input {name!r}: BYTES inputs are not supported; the models here take numeric tensors")
-    _require(datatype in DATATYPES, f"input {name!r}: unknown datatype {datatype!r}; one of {sorted(DATATYPES)}")
+    what = "no datatype" if datatype is None else f"unknown datatype {str(datatype)[:40]!r}"  # (a list: no 500)
+    _require(isinstance(datatype, str) and datatype in DATATYPES, f"input {name!r}: {what}; one of {sorted(DATATYPES)}")
     dtype = DATATYPES[datatype]
     _require(len(shape) <= MAX_DIMS, f"input {name!r}: shape has {len(shape)} dimensions; at most {MAX_DIMS}")
     count = math.prod(shape)

@@ -247,6 +247,10 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await post(INFER, json=with_input(datatype="FP64")), 400, "FP32")
         assert_error(await post(INFER, json=with_input(datatype="BYTES")), 400, "BYTES")
         assert_error(await post(INFER, json=with_input(datatype="FLOAT")), 400, "datatype")
+        # a fresh user's follow-up: no datatype said "unknown datatype None"; a list or an object was a 500
+        assert_error(await post(INFER, json=with_input(datatype=None)), 400, "'pixel_values': no datatype; one of")
+        assert_error(await post(INFER, json=with_input(datatype=[1])), 400, "unknown datatype '[1]'")
+        assert_error(await post(INFER, json=with_input(datatype={"a": 1})), 400, "unknown datatype")
         assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, 9], data=[0.0] * 72)), 400, "[-1, 1, 8, 8]")
         assert_error(await post(INFER, json=with_input(shape=[1, 64])), 400, "shape")
         assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, -8])), 400, "non-negative")
