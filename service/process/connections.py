@@ -40,6 +40,8 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from service.core.errors import TYPE_BASE
+
 log = logging.getLogger(__name__)
 
 PROTOCOL = "service.process.connections:BoundedProtocol"  # uvicorn's ``http`` setting (importable by workers)
@@ -137,7 +139,8 @@ class BoundedProtocol(HttpToolsProtocol):
             body = json.dumps({"error": detail}).encode()
             media = b"application/json"
         else:
-            body = json.dumps({"type": "about:blank", "title": title, "status": status, "detail": detail}).encode()
+            kind = TYPE_BASE + title.lower().replace(" ", "-")  # (no request id yet: no "instance")
+            body = json.dumps({"type": kind, "title": title, "status": status, "detail": detail}).encode()
             media = b"application/problem+json"
         head = [b"HTTP/1.1 %d %s\r\n" % (status, title.encode())]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]

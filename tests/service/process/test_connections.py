@@ -7,6 +7,7 @@ handed to the protocol, so how many requests it parses, queues and answers is ex
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import pytest
@@ -114,6 +115,8 @@ async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes
         made.data_received(b"a" * 1000)  # 3,000 bytes of one header value since
     assert transport.written.startswith(b"HTTP/1.1 431 Request Header Fields Too Large\r\n") and transport.closed
     assert b"content-type: application/problem+json" in transport.written
+    problem = json.loads(transport.written.split(b"\r\n\r\n", 1)[1])
+    assert problem["type"] == "urn:patchserve:problem:request-header-fields-too-large" and problem["status"] == 431
     made.data_received(b"\r\n\r\n")  # dropped: nothing more is answered
     assert transport.written.count(b"HTTP/1.1") == 1
 
