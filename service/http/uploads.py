@@ -144,6 +144,7 @@ class _Parts:
         self.count = 0
         self.field, self.value = bytearray(), bytearray()
         self.name: str | None = None
+        self.transfer = b""  # the part's Content-Transfer-Encoding, lower case
         self.data: list[bytes] = []
 
     def callbacks(self) -> MultipartCallbacks:
@@ -160,12 +161,14 @@ class _Parts:
         self.count += 1
         if self.count > self.max_parts:
             raise BadRequest(f"more than {self.max_parts} parts in one multipart body")
-        self.name, self.data = None, []
+        self.name, self.data, self.transfer = None, [], b""
 
     def on_header_end(self) -> None:
         if bytes(self.field).lower() == b"content-disposition":
             _, disposition = parse_options_header(bytes(self.value))
             self.name = disposition.get(b"name", b"").decode("latin-1")
+        elif bytes(self.field).lower() == b"content-transfer-encoding":
+            self.transfer = bytes(self.value).strip().lower()
         self.field.clear()
         self.value.clear()
 
@@ -175,6 +178,11 @@ class _Parts:
 
     def on_part_end(self) -> None:
         if self.name == IMAGE_FIELD:
+            if self.transfer not in (b"", b"binary", b"8bit", b"7bit"):  # RFC 7578, Sec. 4.7: senders do not use it
+                raise UnsupportedMediaType(
+                    f"an image part with Content-Transfer-Encoding {self.transfer[:40].decode('latin-1')!r} is not "
+                    "decoded (form data carries a file's bytes as they are, RFC 7578 Sec. 4.7); send it so"
+                )
             if len(self.images) >= self.max_images:
                 raise BadRequest(f"more than {self.max_images} images in one request")
             self.images.append(b"".join(self.data))
@@ -228,7 +236,7 @@ class _MultipartImages:
     def write(self, chunk: bytes) -> None:
         try:
             self._parser.write(chunk)
-        except BadRequest:
+        except (BadRequest, UnsupportedMediaType):
             raise
         except Exception as exc:  # python-multipart raises its own errors for malformed bodies
             raise BadRequest(f"malformed multipart body: {_multipart_fault(exc, self._received)}") from None

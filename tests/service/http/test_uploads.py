@@ -337,3 +337,19 @@ async def test_a_large_json_body_is_parsed_off_the_event_loop(monkeypatch: pytes
     assert [a.status_code for a in answers] == [200, 200], answers[1].text
     assert threads[0] == threading.main_thread().name  # the loop's thread (anyio runs the test's loop there)
     assert threads[1] != threading.main_thread().name and threads[1].startswith("decode"), threads
+
+
+async def test_an_image_part_with_a_content_transfer_encoding_is_415_saying_why() -> None:
+    # A fresh user's base64 part was a 415 "not an image", which did not say why
+    encoded = base64.b64encode(DIGIT_7)
+    body = (
+        b"--xyz\r\nContent-Disposition: form-data; name=image; filename=d.png\r\nContent-Type: image/png\r\n"
+        b"Content-Transfer-Encoding: base64\r\n\r\n" + encoded + b"\r\n--xyz--\r\n"
+    )
+    plain = body.replace(b"base64", b"binary").replace(encoded, DIGIT_7)
+    async with running_app() as client:
+        headers = {"content-type": "multipart/form-data; boundary=xyz"}
+        refused = await client.post(CLASSIFY, content=body, headers=headers)
+        served = await client.post(CLASSIFY, content=plain, headers=headers)
+    assert_problem(refused, 415, "an image part with Content-Transfer-Encoding 'base64' is not decoded")
+    assert served.status_code == 200 and served.json()["predictions"][0]["label"] == "7"
