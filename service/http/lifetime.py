@@ -1,8 +1,8 @@
 """How long an inference request may live: the deadline it asks for, and whether its client is still there.
 
 A request may shorten the server's ``request_timeout`` (never lengthen it) with a ``timeout``
-query parameter or an ``X-Request-Timeout`` header, in seconds; when both are given the
-shorter wins. The deadline bounds the body's arrival too (:func:`body_by_deadline`: 504 once it
+query parameter or ``X-Request-Timeout`` headers, in seconds; when several are given the
+shortest wins. The deadline bounds the body's arrival too (:func:`body_by_deadline`: 504 once it
 passes while the body still arrives). While its images are decoded, queued and run, the route watches the ASGI receive
 channel: when the client disconnects, the work is cancelled, so queued images leave the batcher's
 queue without being computed, and the request is counted with outcome ``cancelled``.
@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import Awaitable, Mapping
 from typing import Annotated, TypeVar
 
 from fastapi import Header, Query, Request
+from fastapi.exceptions import RequestValidationError
 from starlette.types import Receive
 
 from service.core.errors import ClientDisconnected, DeadlineExceeded, ProblemError
@@ -71,11 +73,27 @@ async def requested_timeout(  # async: a plain def dependency would run in FastA
 ) -> None:
     """Router dependency: validate the requested timeout (422 when not a number > 0) and keep it.
 
-    Stores the shorter of the two (seconds, or None when neither was sent) in
+    Stores the shortest of them (several headers count too; seconds, or None when none was sent) in
     ``request.state.requested_timeout``, for the inference routes' shared handler.
     """
     given = [t for t in (timeout, x_request_timeout) if t is not None]
+    if len(headers := request.headers.getlist(TIMEOUT_HEADER)) > 1:  # FastAPI read the first one only
+        given += [_timeout_header(value) for value in headers[1:]]  # (a gateway may add a tighter one after)
     request.state.requested_timeout = min(given, default=None)
+
+
+def _timeout_header(value: str) -> float:
+    """A further ``X-Request-Timeout`` value, checked as FastAPI checks the first (a 422 when it is not > 0)."""
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds > 0):
+        where = ("header", TIMEOUT_HEADER.lower())
+        raise RequestValidationError(
+            [{"type": "greater_than", "loc": where, "msg": "must be a number > 0", "input": value}]
+        )
+    return seconds
 
 
 async def until_disconnected(request: Request) -> None:

@@ -82,6 +82,25 @@ async def test_a_requested_timeout_that_is_not_a_number_above_0_is_422(params, h
     assert_problem(response, 422, "timeout")
 
 
+async def test_of_several_timeout_headers_the_shortest_counts_and_each_is_checked() -> None:
+    # Found by a fresh user: the first X-Request-Timeout won, so a gateway's tighter one after the client's
+    # was ignored (30 then 1e-9: 200; 1e-9 then 30: 504)
+    digit = png_bytes(np.zeros((8, 8), np.uint8))
+    async with running_app() as client:
+        answers = []
+        for values in (("30", "1e-9"), ("1e-9", "30"), ("30", "soon"), ("30", "20")):
+            headers = [("X-Request-Timeout", value) for value in values]
+            answers.append(await client.post(CLASSIFY, files={"image": digit}, headers=headers))
+        v2 = await client.post(
+            "/v2/models/vit-digits/infer",
+            json={"inputs": [{"name": "pixel_values", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": [0.0] * 64}]},
+            headers=[("X-Request-Timeout", "30"), ("X-Request-Timeout", "1e-9")],
+        )
+    assert [a.status_code for a in answers] == [504, 504, 422, 200]
+    assert_problem(answers[2], 422, "x-request-timeout")
+    assert v2.status_code == 504 and "error" in v2.json()
+
+
 async def test_a_request_queued_past_its_requested_timeout_is_504_and_never_run(digits_test_split, monkeypatch) -> None:
     runner = RecordedRunner(monkeypatch)
     first, second, third = one_of_each(digits_test_split, range(3))
