@@ -244,8 +244,9 @@ class Settings(BaseSettings):
     max_header_bytes: int = Field(
         65536,
         ge=1024,
-        description="Bytes a request's line and headers may take (counted from the chunk after the one it "
-        "began in); more is 431 and the connection closes (nginx: large_client_header_buffers).",
+        description="Bytes a request's line and headers may take; more is 431 and the connection closes "
+        "(nginx: large_client_header_buffers). A pipelined request that begins in the read where the one "
+        "before it ends may pass it by that read.",
     )
 
     @field_validator("api_keys", "auth_public_paths", "cors_allow_origins", mode="before")

@@ -18,13 +18,16 @@
 * **Request headers, by size and by time.** httptools buffers a header of any length and uvicorn
   waits for the end of the headers without limit, so megabytes of headers, or headers trickled a
   byte a minute (slowloris), held memory and a connection for ever; so did a connection that sent
-  nothing. A request whose request line and headers pass ``max_header_bytes`` is answered 431
-  (RFC 6585, Sec. 5); one whose headers are not complete ``header_timeout`` seconds after its first
-  byte is answered 408 (RFC 9110, Sec. 15.5.9); both close the connection, as nginx does with
-  ``large_client_header_buffers`` and ``client_header_timeout``. A new connection that sends no
-  byte is closed after the keep-alive timeout, as an idle kept-alive one is. The size is counted
-  from the chunk after the one in which the request began (where in a chunk a request begins is
-  not known), so it may pass the limit by one chunk before it is refused, never fewer bytes.
+  nothing, or only blank lines (which stop uvicorn's keep-alive clock). A request whose request
+  line and headers pass ``max_header_bytes`` is answered 431 (RFC 6585, Sec. 5); one whose headers
+  are not complete ``header_timeout`` seconds after its first byte is answered 408 (RFC 9110, Sec.
+  15.5.9); both close the connection, as nginx does with ``large_client_header_buffers`` and
+  ``client_header_timeout``; a pipelined request's 431 waits for the answers before it. A new
+  connection that sends no byte is closed after the keep-alive timeout, as an idle kept-alive one
+  is; one that sends only blank lines, after ``header_timeout``. The size is counted from the
+  request's first read, all of it (blank lines before a request count too), except where a request
+  began in the read in which the one before it ended: where in that read is not known, so that
+  read is not counted, and the limit may be passed by one read before the 431.
 
 The settings are read from uvicorn's config (:class:`service.process.serve.ServeConfig`); without
 them the protocol is uvicorn's own.
@@ -86,6 +89,8 @@ class BoundedProtocol(HttpToolsProtocol):
         self._in_headers = False  # a request has begun and its headers are not complete
         self._header_bytes: int | None = None  # bytes of them counted so far (None: in the chunk it began)
         self._header_timer: asyncio.TimerHandle | None = None
+        self._completed = False  # a request ended in the read being parsed
+        self._refusal: tuple[int, str, str] | None = None  # a pipelined request's, sent once those before it are
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -109,7 +114,11 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self._in_headers and not self.transport.is_closing():  # reading resumes: the follower's clock starts
+        if self.transport.is_closing() or self._in_flight():
+            return
+        if self._refusal is not None:  # every request before the refused one is answered
+            self._refuse(*self._refusal)
+        elif self._in_headers:  # reading resumes: the follower's clock starts
             self._arm_header_timer()
 
     def _arm_header_timer(self) -> None:
@@ -124,7 +133,10 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def _headers_too_slow(self, timeout: float) -> None:
         self._header_timer = None
-        if not self._in_headers or self._in_flight() or self.transport.is_closing():
+        if self._in_flight() or self.transport.is_closing():
+            return
+        if not self._in_headers:  # blank lines only (RFC 9112 Sec. 2.2 lets them come before a request)
+            self.transport.close()
             return
         log.info(
             "client %s sent no complete request headers in %.1f s (PATCHSERVE_HEADER_TIMEOUT)", self.client, timeout
@@ -135,6 +147,7 @@ class BoundedProtocol(HttpToolsProtocol):
         """Answer the request whose headers are arriving with ``status`` and close (nothing else is in flight)."""
         self._parsing_stopped = True
         self._cancel_header_timer()
+        self._unset_keepalive_if_required()
         if self.url.startswith(b"/v2"):
             body = json.dumps({"error": detail}).encode()
             media = b"application/json"
@@ -156,21 +169,30 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._parsing_stopped:
             return  # dropped unparsed: the connection closes once the requests it queued are answered
         counting = self._in_headers and self._header_bytes is not None
+        self._completed = False
         super().data_received(data)
-        if not self._in_headers or self._parsing_stopped:
+        if self._parsing_stopped or self.transport.is_closing():
             return
-        self._header_bytes = self._header_bytes + len(data) if counting and self._header_bytes is not None else 0
+        if not self._in_headers:
+            if not self._in_flight():  # blank lines alone: uvicorn stopped the keep-alive clock for them
+                self._arm_header_timer()
+            return
+        if counting and self._header_bytes is not None:  # the request began in an earlier read
+            self._header_bytes += len(data)
+        else:  # it began in this one, which held nothing else but blank lines, unless a request ended in it
+            self._header_bytes = 0 if self._completed else len(data)
         limit = getattr(self.config, "max_header_bytes", None)
         if limit and self._header_bytes > limit:
             log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
-            if self._in_flight():  # a pipelined request's: answer those before it, then close
-                self._parsing_stopped = True
-                self.cycle.keep_alive = False
+            refusal = (431, "Request Header Fields Too Large", f"the request's headers pass {limit} bytes")
+            if self._in_flight():  # a pipelined request's: answered once those before it are
+                self._parsing_stopped, self._refusal = True, refusal
             else:
-                self._refuse(431, "Request Header Fields Too Large", f"the request's headers pass {limit} bytes")
+                self._refuse(*refusal)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
+        self._completed = True
         if len(self.pipeline) >= MAX_PIPELINED and not self._parsing_stopped:
             self._parsing_stopped = True
             self.cycle.keep_alive = False  # the request just queued is the last answered: Connection: close

@@ -168,3 +168,42 @@ async def test_a_connection_that_sends_nothing_is_closed_after_the_keep_alive_ti
     _, transport = protocol(timeout_keep_alive=0.05)
     await closed(transport)
     assert transport.closed and transport.written == b""
+
+
+async def test_headers_past_the_limit_in_the_read_that_began_the_request_are_refused_at_once() -> None:
+    # A fresh user's: the first read was never counted, so a 100 KB header in one read passed an 8 KiB limit
+    made, transport = protocol(max_header_bytes=2048)
+    made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 3000)
+    assert transport.written.startswith(b"HTTP/1.1 431") and transport.closed
+
+
+async def test_blank_lines_alone_do_not_hold_a_connection() -> None:
+    # A fresh user's: one CRLF stopped uvicorn's keep-alive clock and started no header clock: held for ever
+    idle, transport = protocol(header_timeout=0.05)
+    idle.data_received(b"\r\n")
+    await closed(transport)
+    assert transport.closed and transport.written == b""
+    made, transport = protocol(header_timeout=0.05)
+    made.data_received(GET)
+    await answered(transport, 1)
+    made.data_received(b"\r\n")  # after an answer, on the kept-alive connection
+    await closed(transport)
+    assert transport.closed and transport.written.count(b"HTTP/1.1") == 1
+
+
+async def test_a_pipelined_request_with_too_large_headers_is_answered_431_after_those_before_it() -> None:
+    gate = asyncio.Event()
+
+    async def slow(scope: dict, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await ok(scope, receive, send)
+
+    made, transport = protocol(max_header_bytes=2048)
+    made.app = slow
+    made.data_received(GET + b"GET /healthz HTTP/1.1\r\nX-Big: ")  # the second begins in the first's read
+    made.data_received(b"a" * 3000)
+    assert transport.written == b"" and not transport.closed  # the first is still running
+    gate.set()
+    await closed(transport)
+    responses = transport.written.split(b"HTTP/1.1 ")[1:]
+    assert [r[:3] for r in responses] == [b"200", b"431"]

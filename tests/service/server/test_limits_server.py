@@ -242,12 +242,15 @@ def test_huge_slow_or_absent_request_headers_are_refused_and_the_server_serves_o
             slow = read_all(sock)
         with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
             silent = read_all(sock)  # sends nothing
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"\r\n")  # a fresh user's: one blank line stopped the keep-alive clock for good
+            blank = read_all(sock)
         alive = httpx.get(url + "/healthz")
     print(f"64 MiB header: {big[:40]!r}, peak RSS growth {growth / 2**20:.1f} MiB; slow: {slow[:30]!r}")
     assert big.startswith(b"HTTP/1.1 431") or big == b"(reset)"
     assert growth < 16 * 2**20  # httptools buffered all 64 MiB of the one header value before
     assert slow.startswith(b"HTTP/1.1 408") and b"connection: close" in slow
-    assert silent == b"" and alive.status_code == 200
+    assert silent == b"" and blank == b"" and alive.status_code == 200
 
 
 def test_a_refused_client_that_writes_its_whole_body_first_reads_the_503_not_a_reset() -> None:
