@@ -54,6 +54,18 @@ async def ok(scope: dict, receive: Any, send: Any) -> None:
     await send({"type": "http.response.body", "body": b"ok"})
 
 
+def gated(made: BoundedProtocol) -> asyncio.Event:
+    """Make ``made``'s app answer only once the returned event is set (a request held in flight)."""
+    gate = asyncio.Event()
+
+    async def slow(scope: dict, receive: Any, send: Any) -> None:
+        await gate.wait()
+        await ok(scope, receive, send)
+
+    made.app = slow
+    return gate
+
+
 def protocol(**settings: Any) -> tuple[BoundedProtocol, Transport]:
     from uvicorn.server import ServerState
 
@@ -147,14 +159,8 @@ async def test_headers_that_trickle_past_the_header_timeout_are_answered_408() -
 
 async def test_the_header_timeout_does_not_run_while_a_request_before_it_is_in_flight() -> None:
     # while one request runs uvicorn reads no more, so the next one's headers may wait unread
-    gate = asyncio.Event()
-
-    async def slow(scope: dict, receive: Any, send: Any) -> None:
-        await gate.wait()
-        await ok(scope, receive, send)
-
     made, transport = protocol(header_timeout=0.05)
-    made.app = slow
+    gate = gated(made)
     made.data_received(GET + b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the second one's headers unfinished
     await asyncio.sleep(0.2)  # four header timeouts pass while the first runs
     assert not transport.closed and transport.written == b""
@@ -192,14 +198,8 @@ async def test_blank_lines_alone_do_not_hold_a_connection() -> None:
 
 
 async def test_a_pipelined_request_with_too_large_headers_is_answered_431_after_those_before_it() -> None:
-    gate = asyncio.Event()
-
-    async def slow(scope: dict, receive: Any, send: Any) -> None:
-        await gate.wait()
-        await ok(scope, receive, send)
-
     made, transport = protocol(max_header_bytes=2048)
-    made.app = slow
+    gate = gated(made)
     made.data_received(GET + b"GET /healthz HTTP/1.1\r\nX-Big: ")  # the second begins in the first's read
     made.data_received(b"a" * 3000)
     assert transport.written == b"" and not transport.closed  # the first is still running
