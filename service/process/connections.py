@@ -90,6 +90,10 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_bytes: int | None = None  # bytes of them counted so far (None: in the chunk it began)
         self._header_timer: asyncio.TimerHandle | None = None
         self._completed = False  # a request ended in the read being parsed
+        self._in_message = False  # between a request's first byte and its end (its body included)
+        self._chunk_empty = False  # past a chunk's size line, no data of it yet: the last chunk's trailers come here
+        self._body_in_read = False  # body data came in the read being parsed
+        self._trailer_bytes = 0
         self._refusal: tuple[int, str, str] | None = None  # a pipelined request's, sent once those before it are
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -103,26 +107,76 @@ class BoundedProtocol(HttpToolsProtocol):
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._in_headers, self._header_bytes = True, None
+        self._in_headers, self._header_bytes, self._in_message, self._trailer_bytes = True, None, True, 0
+        self._cancel_header_timer()  # a clock started by blank lines or a body's tail: this request's starts now
         if not self._in_flight():  # while one runs, reading is paused: its follower's headers wait unread
             self._arm_header_timer()
 
     def on_headers_complete(self) -> None:
         self._in_headers = False
         self._cancel_header_timer()
+        limit = getattr(self.config, "max_header_bytes", None)
+        size = len(self.url) + sum(len(name) + len(value) + 4 for name, value in self.headers)  # ": " and CRLF
+        if limit and size > limit:  # (whole in one read: the reads' count never saw it incomplete)
+            self._too_large(limit)
+            raise _StopParsing  # before uvicorn makes it a request; _StoppableParser swallows it
         super().on_headers_complete()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self._in_headers and self._in_message:  # a chunked body's trailer field
+            self._count_trailers(len(name) + len(value) + 4)
+            if self._parsing_stopped:
+                raise _StopParsing  # the rest of the read is not parsed
+        super().on_header(name, value)
+
+    def _count_trailers(self, size: int) -> None:
+        """Count ``size`` more bytes of trailers; past ``max_header_bytes``, abort the connection."""
+        self._trailer_bytes += size
+        limit = getattr(self.config, "max_header_bytes", None)
+        if limit and self._trailer_bytes > limit:
+            log.info("client %s sent chunked trailers over %d bytes; connection aborted", self.client, limit)
+            self._parsing_stopped = True
+            self.transport.abort()  # its request sees a disconnect; an answer given already was sent
+
+    def on_chunk_header(self) -> None:  # (httptools calls these when the protocol has them)
+        self._chunk_empty = True
+
+    def on_chunk_complete(self) -> None:
+        self._chunk_empty = False
+
+    def on_body(self, body: bytes) -> None:
+        self._chunk_empty, self._body_in_read = False, True
+        super().on_body(body)
 
     def on_response_complete(self) -> None:
         super().on_response_complete()
-        if self.transport.is_closing() or self._in_flight():
+        if self.transport.is_closing():  # (Connection: close) asyncio's close waits for the buffer to drain
+            self._abort_if_unsent()
+            return
+        if self._in_flight():
             return
         if self._refusal is not None:  # every request before the refused one is answered
             self._refuse(*self._refusal)
         elif self._in_headers:  # reading resumes: the follower's clock starts
             self._arm_header_timer()
 
-    def _arm_header_timer(self) -> None:
-        timeout = getattr(self.config, "header_timeout", None)
+    def timeout_keep_alive_handler(self) -> None:
+        super().timeout_keep_alive_handler()
+        self._abort_if_unsent()
+
+    def _abort_if_unsent(self) -> None:
+        """Arm the send timeout on a closing connection that still holds unsent bytes.
+
+        A client that stops reading can fill the kernel's buffers while less than uvloop's high-water
+        mark waits in the transport: writing never pauses, so the send timeout never starts, and the
+        close waits for the client for ever (a fresh user's; 3 MB held for as long as it stayed).
+        """
+        timeout = getattr(self.config, "send_timeout", None)
+        if timeout and self._send_timer is None and self.transport.get_write_buffer_size():
+            self._send_timer = self.loop.call_later(timeout, self._abort_unread, timeout)
+
+    def _arm_header_timer(self, timeout: float | None = None) -> None:
+        timeout = timeout or getattr(self.config, "header_timeout", None)
         if timeout and self._header_timer is None:
             self._header_timer = self.loop.call_later(timeout, self._headers_too_slow, timeout)
 
@@ -164,35 +218,45 @@ class BoundedProtocol(HttpToolsProtocol):
         ]
         self.transport.write(b"".join(head) + body)
         self.transport.close()
+        self._abort_if_unsent()
+
+    def _too_large(self, limit: int) -> None:
+        """Refuse the request whose headers pass ``limit`` bytes: 431 now, or once those before it are answered."""
+        log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
+        refusal = (431, "Request Header Fields Too Large", f"the request's headers pass {limit} bytes")
+        if self._in_flight():  # a pipelined request's
+            self._parsing_stopped, self._refusal = True, refusal
+        else:
+            self._refuse(*refusal)
 
     def data_received(self, data: bytes) -> None:
         if self._parsing_stopped:
             return  # dropped unparsed: the connection closes once the requests it queued are answered
         counting = self._in_headers and self._header_bytes is not None
-        self._completed = False
+        trailing = self._chunk_empty  # the read starts among the last chunk's trailers, or before a chunk's data
+        self._completed = self._body_in_read = False
         super().data_received(data)
         if self._parsing_stopped or self.transport.is_closing():
             return
+        limit = getattr(self.config, "max_header_bytes", None)
+        if trailing and self._chunk_empty and not self._body_in_read:  # trailer fields: no chunk data came
+            self._count_trailers(len(data))  # (httptools copies a long one whole at every read)
+            if self._parsing_stopped:
+                return
         if not self._in_headers:
-            if not self._in_flight():  # blank lines alone: uvicorn stopped the keep-alive clock for them
-                self._arm_header_timer()
+            if not self._in_flight():  # blank lines (header clock), or a body's tail after its answer (keep-alive)
+                self._arm_header_timer(self.timeout_keep_alive if self._in_message or self._completed else None)
             return
         if counting and self._header_bytes is not None:  # the request began in an earlier read
             self._header_bytes += len(data)
         else:  # it began in this one, which held nothing else but blank lines, unless a request ended in it
             self._header_bytes = 0 if self._completed else len(data)
-        limit = getattr(self.config, "max_header_bytes", None)
         if limit and self._header_bytes > limit:
-            log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
-            refusal = (431, "Request Header Fields Too Large", f"the request's headers pass {limit} bytes")
-            if self._in_flight():  # a pipelined request's: answered once those before it are
-                self._parsing_stopped, self._refusal = True, refusal
-            else:
-                self._refuse(*refusal)
+            self._too_large(limit)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
-        self._completed = True
+        self._completed, self._in_message, self._chunk_empty = True, False, False
         if len(self.pipeline) >= MAX_PIPELINED and not self._parsing_stopped:
             self._parsing_stopped = True
             self.cycle.keep_alive = False  # the request just queued is the last answered: Connection: close

@@ -25,7 +25,8 @@ class Transport:
 
     def __init__(self) -> None:
         self.written = b""
-        self.closed = False
+        self.closed = self.aborted = False
+        self.unsent = 0  # what get_write_buffer_size says: bytes the client has not taken
 
     def get_extra_info(self, name: str) -> Any:
         return {"sockname": ("127.0.0.1", 8000), "peername": ("127.0.0.1", 50000)}.get(name)
@@ -46,7 +47,10 @@ class Transport:
         pass
 
     def get_write_buffer_size(self) -> int:
-        return 0
+        return self.unsent
+
+    def abort(self) -> None:
+        self.closed = self.aborted = True
 
 
 async def ok(scope: dict, receive: Any, send: Any) -> None:
@@ -207,3 +211,72 @@ async def test_a_pipelined_request_with_too_large_headers_is_answered_431_after_
     await closed(transport)
     responses = transport.written.split(b"HTTP/1.1 ")[1:]
     assert [r[:3] for r in responses] == [b"200", b"431"]
+
+
+async def test_headers_past_the_limit_that_arrive_whole_in_one_read_are_refused() -> None:
+    # The third fresh user's: a 10 KB header in one read passed a 4 KiB limit (no read saw it incomplete)
+    made, transport = protocol(max_header_bytes=2048)
+    made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 3000 + b"\r\n\r\n")
+    assert transport.written.startswith(b"HTTP/1.1 431") and transport.closed
+    made, transport = protocol(max_header_bytes=2048)
+    made.data_received(b"GET /healthz HTTP/1.1\r\n" + b"a: b\r\n" * 400 + b"\r\n")  # many small ones
+    assert transport.written.startswith(b"HTTP/1.1 431")
+    made, transport = protocol(max_header_bytes=2048)
+    made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Ok: " + b"a" * 1900 + b"\r\n\r\n")
+    await answered(transport, 1)
+    assert transport.written.startswith(b"HTTP/1.1 200")
+
+
+async def test_chunked_trailers_past_the_header_limit_close_the_connection() -> None:
+    # The third fresh user's: trailers were counted by nothing; 4 s of them took 1 GB
+    made, transport = protocol(max_header_bytes=2048)
+    gate = gated(made)  # the request stays in flight while its trailers arrive
+    made.data_received(b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n")
+    for _ in range(3):
+        made.data_received(b"a: b\r\n" * 200)  # 1,200 bytes a read
+    assert transport.aborted
+    gate.set()
+    # a chunked body in many reads, its chunks' size lines among them, is not trailers
+    made, transport = protocol(max_header_bytes=2048)
+    made.data_received(b"POST /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+    for _ in range(100):
+        made.data_received(b"400\r\n")
+        made.data_received(b"x" * 1024 + b"\r\n")
+    made.data_received(b"0\r\nX-Trailer: 1\r\n\r\n")
+    await answered(transport, 1)
+    assert not transport.aborted and transport.written.startswith(b"HTTP/1.1 ")
+
+
+async def test_the_header_clock_starts_at_the_requests_first_byte_not_at_blank_lines_before_it() -> None:
+    made, _ = protocol(header_timeout=10.0)
+    made.data_received(b"\r\n")
+    started = made._header_timer
+    assert started is not None
+    await asyncio.sleep(0.01)
+    made.data_received(b"GET /healthz HTTP/1.1\r\n")
+    assert made._header_timer is not started and made._header_timer is not None
+    assert made._header_timer.when() > started.when()
+
+
+async def test_a_bodys_tail_after_an_early_answer_gets_the_keep_alive_timeout_not_the_header_one() -> None:
+    made, transport = protocol(header_timeout=1.0, timeout_keep_alive=100)
+    made.data_received(b"POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 20\r\n\r\n0123456789")
+    await answered(transport, 1)  # answered before its body is read
+    made.data_received(b"0123456789")
+    assert made._header_timer is not None
+    assert made._header_timer.when() - asyncio.get_running_loop().time() > 50
+
+
+async def test_a_closing_connection_with_unsent_bytes_is_aborted_after_the_send_timeout() -> None:
+    # The third fresh user's: with the kernel's buffers full and less than the high-water mark in
+    # uvloop's, writing never paused, so no send timeout ran, and the close waited for ever
+    made, transport = protocol(send_timeout=0.05)
+    transport.unsent = 1000
+    made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    await answered(transport, 1)
+    await closed(transport)
+    for _ in range(1000):  # a bound on waiting for the send timeout, not a measured time
+        if transport.aborted:
+            break
+        await asyncio.sleep(0.005)
+    assert transport.aborted
