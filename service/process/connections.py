@@ -24,10 +24,17 @@
   15.5.9); both close the connection, as nginx does with ``large_client_header_buffers`` and
   ``client_header_timeout``; a pipelined request's 431 waits for the answers before it. A new
   connection that sends no byte is closed after the keep-alive timeout, as an idle kept-alive one
-  is; one that sends only blank lines, after ``header_timeout``. The size is counted from the
-  request's first read, all of it (blank lines before a request count too), except where a request
-  began in the read in which the one before it ended: where in that read is not known, so that
-  read is not counted, and the limit may be passed by one read before the 431.
+  is; one that sends only blank lines, after ``header_timeout``; one whose body's tail arrives after
+  its answer, after the keep-alive timeout. A request's header clock starts at its own first byte.
+  The size is checked as the reads arrive (all of the read a request began in, blank lines before
+  it included) and, once complete, as parsed; only a request that began in the read in which the
+  one before it ended has that read counted at completion alone (where in the read it began is not
+  known), so it may pass the limit by one read before its 431. A chunked body's trailer fields are
+  held to the same size (httptools copies a long one whole at every read): past it the connection
+  is aborted.
+* **Closing with unsent bytes.** A connection closed (keep-alive timeout, ``Connection: close``, a
+  refusal) while its client has not read all of it is aborted after ``send_timeout``, also when
+  fewer bytes than the transport's high-water mark wait, where writing never paused.
 
 The settings are read from uvicorn's config (:class:`service.process.serve.ServeConfig`); without
 them the protocol is uvicorn's own.
