@@ -198,6 +198,7 @@ class BoundedProtocol(HttpToolsProtocol):
             return
         if not self._in_headers:  # blank lines only (RFC 9112 Sec. 2.2 lets them come before a request)
             self.transport.close()
+            self._abort_if_unsent()
             return
         log.info(
             "client %s sent no complete request headers in %.1f s (PATCHSERVE_HEADER_TIMEOUT)", self.client, timeout

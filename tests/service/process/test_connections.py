@@ -87,6 +87,14 @@ async def answered(transport: Transport, count: int) -> None:
         await asyncio.sleep(0.005)
 
 
+async def aborted(transport: Transport) -> None:
+    for _ in range(1000):  # a bound on waiting for the send timeout, not a measured time
+        if transport.aborted:
+            return
+        await asyncio.sleep(0.005)
+    raise AssertionError("the connection was not aborted")
+
+
 async def closed(transport: Transport) -> None:
     for _ in range(1000):  # a bound on waiting for the protocol's timer, not a measured time
         if transport.closed:
@@ -275,8 +283,12 @@ async def test_a_closing_connection_with_unsent_bytes_is_aborted_after_the_send_
     made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     await answered(transport, 1)
     await closed(transport)
-    for _ in range(1000):  # a bound on waiting for the send timeout, not a measured time
-        if transport.aborted:
-            break
-        await asyncio.sleep(0.005)
-    assert transport.aborted
+    await aborted(transport)
+    # the same when blank lines after an answer close the connection
+    made, transport = protocol(send_timeout=0.05, header_timeout=0.05)
+    made.data_received(GET)
+    await answered(transport, 1)
+    transport.unsent = 1000
+    made.data_received(b"\r\n")
+    await closed(transport)
+    await aborted(transport)
