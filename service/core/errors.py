@@ -107,6 +107,19 @@ class BodyTimeout(ProblemError):
     status, title, slug, outcome = 408, "Request body not received in time", "body-timeout", "client_error"
 
 
+class HeaderTimeout(ProblemError):
+    """Answered by the connection protocol (:mod:`service.process.connections`), before any route."""
+
+    status, title, slug, outcome = 408, "Request headers not received in time", "header-timeout", "client_error"
+
+
+class HeaderFieldsTooLarge(ProblemError):
+    """Answered by the connection protocol (:mod:`service.process.connections`), before any route (RFC 6585)."""
+
+    status, title, slug = 431, "Request header fields too large", "request-header-fields-too-large"
+    outcome = "client_error"
+
+
 class PayloadTooLarge(ProblemError):
     status, title, slug, outcome = 413, "Payload too large", "payload-too-large", "client_error"
 

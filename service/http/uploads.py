@@ -14,7 +14,6 @@ as it arrives and refused as soon as it passes the cap, so no body over the cap 
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
 from collections.abc import AsyncIterator
@@ -31,6 +30,7 @@ from service.core.json_bounds import PARSE_ON_LOOP_BYTES, V1_CONTAINERS, check_c
 from service.http.lifetime import BODY_DROPPED, DRAIN_SECONDS, OVERLONG, content_length, drain_body
 from service.http.openapi import DIGIT_PNG_BASE64
 from service.imaging.formats import sniff_format
+from service.pipeline.pool import in_pool
 
 if TYPE_CHECKING:
     from python_multipart.multipart import MultipartCallbacks  # a TypedDict its stubs define for type checkers only
@@ -385,6 +385,7 @@ async def read_images(
     if media_type == "application/json":
         if pool is None or len(body) <= PARSE_ON_LOOP_BYTES:
             return _json_images(body, max_images)
-        images: list[bytes] = await asyncio.wrap_future(pool.submit(_json_images, body, max_images))
-        return images  # (cancelled with the request while still queued: it never runs)
+        future, _ = in_pool(pool, _json_images, body, max_images)  # (cancelled while still queued: never runs)
+        images: list[bytes] = await future
+        return images
     return [body]

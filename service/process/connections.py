@@ -45,12 +45,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from http import HTTPStatus
 from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.core.errors import TYPE_BASE
+from service.core.errors import HeaderFieldsTooLarge, HeaderTimeout, ProblemError
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._chunk_empty = False  # past a chunk's size line, no data of it yet: the last chunk's trailers come here
         self._body_in_read = False  # body data came in the read being parsed
         self._trailer_bytes = 0
-        self._refusal: tuple[int, str, str] | None = None  # a pipelined request's, sent once those before it are
+        self._refusal: ProblemError | None = None  # a pipelined request's, sent once those before it are
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -163,7 +164,7 @@ class BoundedProtocol(HttpToolsProtocol):
         if self._in_flight():
             return
         if self._refusal is not None:  # every request before the refused one is answered
-            self._refuse(*self._refusal)
+            self._refuse(self._refusal)
         elif self._in_headers:  # reading resumes: the follower's clock starts
             self._arm_header_timer()
 
@@ -203,21 +204,18 @@ class BoundedProtocol(HttpToolsProtocol):
         log.info(
             "client %s sent no complete request headers in %.1f s (PATCHSERVE_HEADER_TIMEOUT)", self.client, timeout
         )
-        self._refuse(408, "Request Timeout", f"the request's headers did not arrive within {timeout:g} s")
+        self._refuse(HeaderTimeout(f"the request's headers did not arrive within {timeout:g} s"))
 
-    def _refuse(self, status: int, title: str, detail: str) -> None:
-        """Answer the request whose headers are arriving with ``status`` and close (nothing else is in flight)."""
+    def _refuse(self, problem: ProblemError) -> None:
+        """Answer the request whose headers are arriving with ``problem`` and close (nothing else is in flight)."""
         self._parsing_stopped = True
         self._cancel_header_timer()
         self._unset_keepalive_if_required()
         if self.url.startswith(b"/v2"):
-            body = json.dumps({"error": detail}).encode()
-            media = b"application/json"
-        else:
-            kind = TYPE_BASE + title.lower().replace(" ", "-")  # (no request id yet: no "instance")
-            body = json.dumps({"type": kind, "title": title, "status": status, "detail": detail}).encode()
-            media = b"application/problem+json"
-        head = [b"HTTP/1.1 %d %s\r\n" % (status, title.encode())]
+            body, media = json.dumps({"error": problem.detail}).encode(), b"application/json"
+        else:  # (no request id yet: no "instance")
+            body, media = json.dumps(problem.to_problem()).encode(), b"application/problem+json"
+        head = [b"HTTP/1.1 %d %s\r\n" % (problem.status, HTTPStatus(problem.status).phrase.encode())]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head += [
             b"content-type: " + media + b"\r\n",
@@ -231,11 +229,11 @@ class BoundedProtocol(HttpToolsProtocol):
     def _too_large(self, limit: int) -> None:
         """Refuse the request whose headers pass ``limit`` bytes: 431 now, or once those before it are answered."""
         log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
-        refusal = (431, "Request Header Fields Too Large", f"the request's headers pass {limit} bytes")
+        refusal = HeaderFieldsTooLarge(f"the request's headers pass {limit} bytes")
         if self._in_flight():  # a pipelined request's
             self._parsing_stopped, self._refusal = True, refusal
         else:
-            self._refuse(*refusal)
+            self._refuse(refusal)
 
     def data_received(self, data: bytes) -> None:
         if self._parsing_stopped:
