@@ -79,6 +79,8 @@ def _description(model: ViT | CNN, dataset: str) -> str:
     c = model.config
     stem = ", conv stem" if c.stem == "conv" else ""
     patches = f"{c.patch_size}x{c.patch_size} patches{stem}"
+    if c.upsample > 1:
+        patches = f"{c.patch_size}x{c.patch_size} patches of the image enlarged {c.upsample}x{stem}"
     if c.distillation:
         return f"DeiT ({c.hidden_size} wide, {c.depth} blocks, {patches}, distillation token) trained on {dataset}"
     return f"ViT ({c.hidden_size} wide, {c.depth} blocks, {patches}) trained on {dataset}"
@@ -130,7 +132,7 @@ def export_checkpoint(checkpoint_path: Path, out: Path, *, opset: int, attention
     if attention and isinstance(model, ViT):  # attention is only ever asked of a ViT (above)
         attention_spec = AttentionSpec(
             output="attentions",
-            grid=Size(height=h // model.config.patch_size, width=w // model.config.patch_size),
+            grid=Size(height=model.config.grid, width=model.config.grid),
             prefix_tokens=["class", "distillation"] if model.config.distillation else ["class"],
         )
     manifest = Manifest(

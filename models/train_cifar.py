@@ -76,11 +76,14 @@ TRAINING_DATA = "CIFAR-10 (Krizhevsky 2009) as 32x32 JPEGs: the 50,000 training 
 ARCHITECTURES = ("vit", "deit", "cnn")
 
 
-def build_model(arch: str) -> tuple[nn.Module, dict[str, Any]]:
-    """The model for ``arch`` ("vit", "deit" or "cnn") and its config as a plain dict."""
+def build_model(arch: str, upsample: int = 1) -> tuple[nn.Module, dict[str, Any]]:
+    """The model for ``arch`` ("vit", "deit" or "cnn") and its config as a plain dict;
+    ``upsample`` is a ViT's (``models.vit.ViTConfig.upsample``)."""
     if arch in ("vit", "deit"):
-        model = vit.build("cifar10", distillation=arch == "deit")
+        model = vit.build("cifar10", distillation=arch == "deit", upsample=upsample)
         return model, vit.config_dict(model.config)
+    if upsample != 1:
+        raise ValueError("--upsample is a ViT's")
     if arch == "cnn":
         cifar_cnn = cnn.build("cifar10")
         return cifar_cnn, cnn.config_dict(cifar_cnn.config)
@@ -110,6 +113,10 @@ def load_teacher(path: Path, device: torch.device) -> nn.Module:
 def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
     """Load the weights of ``path`` (a ``checkpoint.pt`` of this script) into ``model``.
 
+    A ViT's checkpoint may differ in ``upsample`` alone (a finer grid: DeiT's fine-tuning at a
+    higher resolution, Touvron et al. 2021, Sec. 6); its patch position embeddings are then
+    resampled to the new grid (:func:`models.vit.resample_position_embedding`).
+
     Returns:
         What the metrics record of the start: the checkpoint's path, its epochs and test accuracy.
 
@@ -117,9 +124,17 @@ def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -
         ValueError: the checkpoint is of another architecture or config.
     """
     checkpoint = torch.load(path, map_location="cpu", weights_only=False)
-    if checkpoint.get("architecture") != arch or checkpoint.get("config") != config:
+    earlier_config = dict(checkpoint.get("config", {}))
+    if "upsample" in config:
+        earlier_config["upsample"] = config["upsample"]
+    if checkpoint.get("architecture") != arch or earlier_config != config:
         raise ValueError(f"{path} is not a checkpoint of --arch {arch} with this config")
-    model.load_state_dict(checkpoint["state_dict"])
+    state = dict(checkpoint["state_dict"])
+    if isinstance(model, vit.ViT) and checkpoint["config"].get("upsample", 1) != config["upsample"]:
+        state["pos_embed"] = vit.resample_position_embedding(
+            state["pos_embed"], model.config.prefix_tokens, model.config.grid
+        )
+    model.load_state_dict(state)
     earlier = checkpoint.get("metrics", {})
     return {
         "initialised_from": str(path),
@@ -242,6 +257,7 @@ def train(
     limit_per_class: int | None = None,
     resume: bool = False,
     init: Path | None = None,
+    upsample: int = 1,
     sitting_minutes: float | None = None,
     quiet: bool = False,
 ) -> dict[str, Any]:
@@ -259,7 +275,9 @@ def train(
         limit_per_class: use only N images per class of each split (quick runs, tests).
         resume: continue from ``out/last.pt`` if it exists.
         init: a ``checkpoint.pt`` of this script to start from (its weights only); its
-            architecture and config must be ``arch``'s. ``epochs`` then counts the new epochs.
+            architecture and config must be ``arch``'s (``upsample`` aside). ``epochs`` then
+            counts the new epochs.
+        upsample: a ViT's ``models.vit.ViTConfig.upsample``: the grid made finer inside the model.
         sitting_minutes: end this call before an epoch that, at the last epoch's pace, would end
             past this many minutes of the call (``last.pt`` written; ``resume`` continues).
 
@@ -278,7 +296,7 @@ def train(
     # the model and the checkpoints first, so a wrong flag fails before the data is decoded (which
     # draws nothing from the random generators: the initial weights are the same either way)
     teacher_model = load_teacher(teacher, device) if teacher is not None else None
-    model, config = build_model(arch)
+    model, config = build_model(arch, upsample)
     started_from = load_init(model, config, arch, init) if init is not None else None
     model.to(device)
 
@@ -492,6 +510,9 @@ def main(argv: list[str] | None = None) -> None:
         "--init", type=Path, default=None, help="start from this checkpoint.pt's weights (fresh optimizer and schedule)"
     )
     parser.add_argument(
+        "--upsample", type=int, default=1, help="a ViT's input enlarged N times inside it (a finer grid); 1: none"
+    )
+    parser.add_argument(
         "--sitting-minutes", type=float, default=None, help="end this call before an epoch would end past M minutes"
     )
     args = parser.parse_args(argv)
@@ -519,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
         limit_per_class=args.limit_per_class,
         resume=args.resume,
         init=args.init,
+        upsample=args.upsample,
         sitting_minutes=args.sitting_minutes,
     )
     if "test_accuracy" not in metrics:

@@ -33,7 +33,7 @@ class ViTConfig:
 
     Attributes:
         image_size: input height = width, in pixels.
-        patch_size: side of a square patch, in pixels; must divide ``image_size``.
+        patch_size: side of a square patch, in pixels; must divide ``image_size * upsample``.
         in_channels: 1 (grayscale) or 3 (RGB).
         num_classes: outputs of the head.
         hidden_size: token width d [Hidden size D].
@@ -53,6 +53,10 @@ class ViTConfig:
             ``hidden_size``. Token i still covers patch i of the grid.
         stem_channels: channels of the conv stem's first convolution (doubled at each next one).
         distillation: DeiT's distillation token and head (Touvron et al. 2021, Sec. 5).
+        upsample: the image is enlarged by this factor (bilinear, ``align_corners=False``) inside
+            the model, before the stem, so that the grid is finer at the same input size: DeiT's
+            fine-tuning at a higher resolution (Touvron et al. 2021, Sec. 6, 224 -> 384), with
+            the input the server prepares unchanged. 1: none.
     """
 
     image_size: int = 224
@@ -69,6 +73,7 @@ class ViTConfig:
     stem: Literal["patch", "conv"] = "patch"
     stem_channels: int = 32
     distillation: bool = False
+    upsample: int = 1
 
     @property
     def prefix_tokens(self) -> int:
@@ -76,13 +81,22 @@ class ViTConfig:
         return 1 + self.distillation
 
     @property
+    def grid(self) -> int:
+        """Patches along each side, image_size * upsample / patch_size."""
+        return self.image_size * self.upsample // self.patch_size
+
+    @property
     def num_patches(self) -> int:
-        """N = (image_size / patch_size)^2."""
-        return (self.image_size // self.patch_size) ** 2
+        """N = grid^2 = (image_size * upsample / patch_size)^2."""
+        return self.grid**2
 
     def __post_init__(self) -> None:
-        if self.image_size % self.patch_size:
-            raise ValueError(f"patch_size {self.patch_size} does not divide image_size {self.image_size}")
+        if self.upsample < 1:
+            raise ValueError(f"upsample must be a whole factor >= 1, not {self.upsample}")
+        if self.image_size * self.upsample % self.patch_size:
+            raise ValueError(
+                f"patch_size {self.patch_size} does not divide image_size {self.image_size} x upsample {self.upsample}"
+            )
         if self.hidden_size % self.num_heads:
             raise ValueError(f"num_heads {self.num_heads} does not divide hidden_size {self.hidden_size}")
         if self.stem == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
@@ -238,6 +252,8 @@ class ViT(nn.Module):
 
     def embed(self, images: torch.Tensor) -> torch.Tensor:
         """Eq. (1): images (B, C, H, W) -> tokens (B, P + N, d), the P prefix tokens first."""
+        if self.config.upsample > 1:  # (B, C, H * upsample, W * upsample)
+            images = F.interpolate(images, scale_factor=self.config.upsample, mode="bilinear", align_corners=False)
         patches = self.patch_embed(images).flatten(2).transpose(1, 2)  # (B, N, d)
         batch = patches.shape[0]
         prefix = [self.cls_token.expand(batch, -1, -1)]
@@ -294,6 +310,25 @@ class ViT(nn.Module):
         if return_attention:
             return logits, torch.stack(attentions, dim=1)  # (B, depth, heads, P + N, P + N)
         return logits
+
+
+def resample_position_embedding(pos_embed: torch.Tensor, prefix_tokens: int, grid: int) -> torch.Tensor:
+    """Position embeddings (1, P + g^2, d) for a g x g grid -> (1, P + grid^2, d): the P prefix
+    tokens' kept, the patches' resized bicubically as a (d, g, g) image (DeiT's fine-tuning at a
+    higher resolution, Touvron et al. 2021, Sec. 6; timm's ``resample_abs_pos_embed``).
+
+    Raises:
+        ValueError: the patch tokens do not form a square grid.
+    """
+    prefix, patches = pos_embed[:, :prefix_tokens], pos_embed[:, prefix_tokens:]
+    side = round(patches.shape[1] ** 0.5)
+    if side * side != patches.shape[1]:
+        raise ValueError(f"{patches.shape[1]} patch tokens are not a square grid")
+    if side == grid:
+        return pos_embed
+    image = patches.reshape(1, side, side, -1).permute(0, 3, 1, 2)  # (1, d, g, g)
+    resized = F.interpolate(image, size=(grid, grid), mode="bicubic", align_corners=False)
+    return torch.cat([prefix, resized.permute(0, 2, 3, 1).reshape(1, grid * grid, -1)], dim=1)
 
 
 def build(name: str, **overrides: Any) -> ViT:

@@ -153,6 +153,22 @@ def test_init_starts_from_an_earlier_checkpoint_and_refuses_another_architecture
     with pytest.raises(ValueError, match="not a checkpoint of --arch cnn"):
         train(tmp_path / "cnn", arch="cnn", epochs=1, init=tmp_path / "first" / "checkpoint.pt", **small)
 
+    # a finer grid (--upsample 2): the same weights, the patch position embeddings resampled
+    from models.vit import resample_position_embedding
+
+    train(
+        tmp_path / "finer", arch="vit", epochs=1, lr=0.0, init=tmp_path / "first" / "checkpoint.pt", upsample=2, **small
+    )
+    finer = torch.load(tmp_path / "finer" / "checkpoint.pt", weights_only=False)["state_dict"]
+    assert torch.equal(finer["pos_embed"], resample_position_embedding(earlier["pos_embed"], 1, 8))
+    assert all(torch.equal(earlier[name], finer[name]) for name in weights if name != "pos_embed")
+    other = torch.load(tmp_path / "first" / "checkpoint.pt", weights_only=False)
+    torch.save({**other, "config": {**other["config"], "depth": 1}}, tmp_path / "other.pt")
+    with pytest.raises(ValueError, match="with this config"):
+        train(tmp_path / "bad", arch="vit", epochs=1, init=tmp_path / "other.pt", upsample=2, **small)
+    with pytest.raises(ValueError, match="--upsample is a ViT's"):
+        train(tmp_path / "bad", arch="cnn", epochs=1, upsample=2, **small)
+
 
 def test_a_sitting_ends_on_its_time_limit_and_the_run_resumes_to_the_end(tmp_path, cifar_archive) -> None:
     import torch

@@ -97,3 +97,35 @@ def test_deit_adds_a_distillation_token_and_head_and_averages_them() -> None:
     assert torch.allclose(deit.head(tokens[:, 0]), class_logits, atol=1e-6)
     with pytest.raises(ValueError, match="distillation"):
         plain(x, heads=True)
+
+
+def test_upsample_makes_the_grid_finer_at_the_same_input_size() -> None:
+    model = build("cifar10", distillation=True, upsample=2).eval()
+    assert model.config.grid == 8 and model.config.num_patches == 64
+    assert model.pos_embed is not None and model.pos_embed.shape == (1, 2 + 64, 192)
+    with torch.no_grad():
+        logits, attentions = model(torch.randn(3, 3, 32, 32), return_attention=True)
+    assert logits.shape == (3, 10) and attentions.shape == (3, 6, 3, 66, 66)
+    with pytest.raises(ValueError, match="whole factor"):
+        build("cifar10", upsample=0)
+    with pytest.raises(ValueError, match="does not divide"):
+        build("digits", patch_size=3, upsample=2)
+
+
+def test_position_embeddings_resample_to_a_finer_grid_keeping_the_prefix() -> None:
+    from models.vit import resample_position_embedding
+
+    prefix = torch.randn(1, 2, 8)
+    constant = torch.ones(1, 16, 8) * torch.arange(8.0)  # every patch the same embedding
+    resampled = resample_position_embedding(torch.cat([prefix, constant], 1), 2, 8)
+    assert resampled.shape == (1, 2 + 64, 8)
+    assert torch.equal(resampled[:, :2], prefix)
+    assert torch.allclose(resampled[:, 2:], torch.ones(1, 64, 8) * torch.arange(8.0), atol=1e-5)
+    # a ramp along the columns stays a ramp: the corners keep their order
+    ramp = torch.arange(4.0).repeat(4).view(1, 16, 1)
+    fine = resample_position_embedding(torch.cat([prefix[..., :1], ramp], 1), 2, 8)[0, 2:, 0].view(8, 8)
+    assert torch.all(fine[:, 1:] >= fine[:, :-1]) and fine[0, 0] < fine[0, -1]
+    same = torch.randn(1, 18, 8)
+    assert resample_position_embedding(same, 2, 4) is same
+    with pytest.raises(ValueError, match="not a square grid"):
+        resample_position_embedding(torch.randn(1, 17, 8), 2, 8)
