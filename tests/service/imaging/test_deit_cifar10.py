@@ -1,6 +1,7 @@
-"""The committed distilled ViT, ``vit-cifar10`` version 2 (DeiT, Touvron et al. 2021; issue 22): the
-README's cat, the attention rollout over its two prefix tokens, and its embedding. Its accuracy is
-recomputed through ONNX Runtime with the served preprocessing beside version 1's, in
+"""The committed distilled ViTs, ``vit-cifar10`` versions 2 and 3 (DeiT, Touvron et al. 2021; issue 22;
+version 3 is version 2 fine-tuned on a grid twice as fine, served by default): the README's cat, the
+attention rollout over their two prefix tokens, and the embedding. Their accuracy is recomputed
+through ONNX Runtime with the served preprocessing beside version 1's, in
 tests/service/imaging/test_vit_cifar10.py.
 
 Unlike version 1 (tests/service/imaging/test_vit_cifar10.py), its rollout is not asserted to peak
@@ -22,25 +23,40 @@ from service.imaging.preprocess import Preprocessor
 from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY, ROOT, running_app
 
-COMMITTED = MODEL_REPOSITORY / "vit-cifar10" / "2"
 CHELSEA = (ROOT / "examples" / "chelsea.png").read_bytes()
+# version: (grid side, epochs of its own run)
+VERSIONS = {"2": (4, 100), "3": (8, 10)}
+
+
+def _load(version: str):
+    committed = MODEL_REPOSITORY / "vit-cifar10" / version
+    manifest = load_manifest(committed / "model.json")
+    session = ort.InferenceSession(str(committed / "model.onnx"), providers=["CPUExecutionProvider"])
+    return manifest, session
+
+
+@pytest.fixture(scope="module", params=sorted(VERSIONS))
+def deit(request):
+    return request.param, _load(request.param)
 
 
 @pytest.fixture(scope="module")
 def model():
-    manifest = load_manifest(COMMITTED / "model.json")
-    session = ort.InferenceSession(str(COMMITTED / "model.onnx"), providers=["CPUExecutionProvider"])
-    return manifest, session
+    """The version served by default (the highest)."""
+    return _load("3")
 
 
-def test_the_manifest_records_the_class_and_distillation_tokens(model) -> None:
-    manifest, session = model
+def test_the_manifest_records_the_class_and_distillation_tokens(deit) -> None:
+    version, (manifest, session) = deit
     assert manifest.attention is not None and manifest.attention.prefix_tokens == ["class", "distillation"]
     grid = manifest.attention.grid
+    side, epochs = VERSIONS[version]
+    assert (grid.height, grid.width) == (side, side)
+    assert manifest.input.shape == ["batch", 3, 32, 32]  # version 3 enlarges the image inside its graph
     outputs = dict(zip([o.name for o in session.get_outputs()], session.get_outputs(), strict=True))
     assert manifest.outputs == ["logits", "embedding", "attentions"] == list(outputs)
     assert outputs["attentions"].shape[-1] == 2 + grid.height * grid.width  # two prefix tokens, then the grid
-    assert manifest.provenance.metrics["epochs"] == 100
+    assert manifest.provenance.metrics["epochs"] == epochs
     assert max(manifest.provenance.export.parity_max_abs_diff.values()) <= 1e-4
 
 
@@ -50,8 +66,8 @@ def _attentions(manifest, session) -> np.ndarray:
     return session.run(["attentions"], {manifest.input.name: x})[0][0]
 
 
-def test_the_rollout_reads_two_prefix_tokens_before_the_grid(model) -> None:
-    manifest, session = model
+def test_the_rollout_reads_two_prefix_tokens_before_the_grid(deit) -> None:
+    _, (manifest, session) = deit
     grid = (manifest.attention.grid.height, manifest.attention.grid.width)
     attentions = _attentions(manifest, session)
     heat = rollout_grid(attentions, grid, manifest.attention.prefix_tokens)
@@ -83,7 +99,7 @@ async def test_the_readme_cat_is_a_cat_and_its_rollout_is_drawn(model) -> None:
         first = (await client.post("/v1/models/vit-cifar10/classify?version=1", files={"image": CHELSEA})).json()
         picture = await client.post("/v1/models/vit-cifar10/classify?render=png", files={"image": CHELSEA})
         embedding = await client.post("/v1/models/vit-cifar10/embed", files={"image": CHELSEA})
-    assert default["version"] == "2"  # the highest version is the default; version 1 is still served
+    assert default["version"] == "3"  # the highest version is the default; versions 1 and 2 are still served
     assert default["predictions"][0]["label"] == "cat"
     assert first["version"] == "1" and first["predictions"][0]["label"] == "frog"  # the issue's starting point
     assert picture.status_code == 200 and picture.headers["content-type"] == "image/png"
