@@ -374,7 +374,7 @@ async def infer_version(name: str, version: str, request: Request, state: State)
     asked = request.query_params.get("version")
     same = asked is not None and asked.isdecimal() and version.isdecimal() and int(asked) == int(version)
     if asked is not None and not same:  # which one ran would otherwise be our silent choice (02 is 2)
-        raise BadRequest(f"the path asks for version {version} and ?version= for {asked!r}; send one of them")
+        raise BadRequest(f"the path asks for version {version!r} and ?version= for {asked!r}; send one of them")
     return await _infer(request, state, name, version)
 
 

@@ -252,7 +252,12 @@ async def test_bad_requests_are_protocol_errors_never_500() -> None:
         assert_error(await post(INFER, json=with_input(datatype=[1])), 400, "unknown datatype '[1]'")
         assert_error(await post(INFER, json=with_input(datatype={"a": 1})), 400, "unknown datatype")
         assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, 9], data=[0.0] * 72)), 400, "[-1, 1, 8, 8]")
-        assert_error(await post(INFER, json=with_input(shape=[1, 64])), 400, "shape")
+        assert_error(
+            await post(INFER, json=with_input(shape=[1, 64])), 400, "(-1: any size >= 1)"
+        )  # as every shape error
+        # a fresh user's: one version was quoted and the other not
+        conflict = await post("/v2/models/vit-digits/versions/1/infer?version=2", json=good)
+        assert_error(conflict, 400, "the path asks for version '1' and ?version= for '2'")
         assert_error(await post(INFER, json=with_input(shape=[1, 1, 8, -8])), 400, "non-negative")
         assert_error(await post(INFER, json=with_input(shape=[2, 1, 8, 8])), 400, "64 elements")
         assert_error(await post(INFER, json=with_input(data=["a"] * 64)), 400, "FP32")
