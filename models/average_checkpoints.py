@@ -32,6 +32,7 @@ import argparse
 import logging
 import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,38 @@ def average_state_dicts(state_dicts: list[dict[str, torch.Tensor]]) -> dict[str,
     return averaged
 
 
+def augmented_batches(
+    images: torch.Tensor,
+    mean: torch.Tensor,
+    std: torch.Tensor,
+    batch_size: int,
+    *,
+    erase: float,
+    generator: torch.Generator,
+) -> Iterator[torch.Tensor]:
+    """Batches of ``images`` augmented as ``models.train_cifar`` trains, for BatchNorm statistics.
+
+    Each batch, in order, is normalised, randomly cropped (4-pixel reflect padding) and flipped,
+    and, if ``erase`` > 0, randomly erased with probability ``erase`` per image; the draws come
+    from ``generator`` in that order, batch after batch, as each batch is made. Lazy: one float
+    batch in memory at a time (wrap it in ``list`` to iterate more than once).
+
+    Args:
+        images: uint8 (N, C, H, W), pixel values 0-255.
+        mean: float32 (1, C, 1, 1), subtracted per channel from pixel / 255 (the preprocessing's).
+        std: float32 (1, C, 1, 1), what that is then divided by, per channel (the preprocessing's).
+        batch_size: images per batch (the last batch may be smaller).
+        erase: random-erasing probability per image (0: no erasing, and no draws for it).
+        generator: CPU generator for every random draw.
+
+    Yields:
+        float32 (B, C, H, W), normalised, B = ``batch_size`` (fewer in the last batch).
+    """
+    for start in range(0, len(images), batch_size):
+        batch = random_crop_flip(normalise(images[start : start + batch_size], mean, std), generator)
+        yield random_erase(batch, generator, prob=erase) if erase > 0 else batch
+
+
 @torch.no_grad()
 def update_batchnorm(
     model: nn.Module,
@@ -98,19 +131,15 @@ def update_batchnorm(
     """Re-estimate every BatchNorm's running mean and variance on uint8 (N, C, H, W) ``images``.
 
     Each batch is normalised, randomly cropped (4-pixel reflect padding) and flipped, and randomly
-    erased with probability ``erase``, as ``models.train_cifar`` trains (``seed`` draws them).
+    erased with probability ``erase``, as ``models.train_cifar`` trains (:func:`augmented_batches`;
+    ``seed`` draws them).
 
     Returns:
         The number of BatchNorm layers updated (0: nothing to do, the model is left as it was).
     """
     generator = torch.Generator().manual_seed(seed)
-
-    def augmented(start: int) -> torch.Tensor:
-        batch = random_crop_flip(normalise(images[start : start + batch_size], mean, std), generator)
-        return random_erase(batch, generator, prob=erase) if erase > 0 else batch
-
-    # A generator: one float batch in memory at a time, not the whole split (~600 MB).
-    batches = (augmented(start) for start in range(0, len(images), batch_size))
+    # lazy: one float batch in memory at a time, not the whole split (~600 MB)
+    batches = augmented_batches(images, mean, std, batch_size, erase=erase, generator=generator)
     layers = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     if layers:
         torch.optim.swa_utils.update_bn(batches, model)

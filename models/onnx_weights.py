@@ -33,11 +33,9 @@ from onnx import numpy_helper
 from torch import nn
 
 from models import vit
-from models.augment import random_crop_flip, random_erase
+from models.average_checkpoints import augmented_batches
 from models.cifar import load_cifar10_splits
 from models.train_cifar import TRAINING_DATA, normalise, to_device_tensor
-
-log = logging.getLogger(__name__)
 
 LINEARS = ("attn.qkv", "attn.proj", "fc1", "fc2")
 
@@ -146,10 +144,8 @@ def recover(
     std = torch.tensor(manifest["preprocessing"]["std"]).view(1, 3, 1, 1)
     pick = torch.randperm(len(train_split.images), generator=generator)[:images].numpy()
     x_train = to_device_tensor(train_split.images[pick], torch.device("cpu"))
-    batches = []
-    for start in range(0, len(x_train), 250):
-        x = random_crop_flip(normalise(x_train[start : start + 250], mean, std), generator)
-        batches.append(random_erase(x, generator, prob=erase) if erase > 0 else x)
+    # a list: unfold_batchnorm passes over the batches once per stem conv
+    batches = list(augmented_batches(x_train, mean, std, 250, erase=erase, generator=generator))
     unfold_batchnorm(model.eval(), folded, batches)
 
     x_test = normalise(to_device_tensor(test_split.images[:64], torch.device("cpu")), mean, std)
