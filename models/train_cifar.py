@@ -110,7 +110,7 @@ def load_teacher(path: Path, device: torch.device) -> nn.Module:
     return teacher
 
 
-def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -> dict[str, Any]:
+def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -> tuple[dict[str, Any], str | None]:
     """Load the weights of ``path`` (a ``checkpoint.pt`` of this script) into ``model``.
 
     A ViT's checkpoint may differ in ``upsample`` alone (a finer grid: DeiT's fine-tuning at a
@@ -118,7 +118,9 @@ def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -
     resampled to the new grid (:func:`models.vit.resample_position_embedding`).
 
     Returns:
-        What the metrics record of the start: the checkpoint's path, its epochs and test accuracy.
+        What the metrics record of the start (the checkpoint's path, its epochs and test
+        accuracy), and the checkpoint's ``recipe`` (None if it records none), which this run's
+        recipe continues.
 
     Raises:
         ValueError: the checkpoint is of another architecture or config.
@@ -136,11 +138,12 @@ def load_init(model: nn.Module, config: dict[str, Any], arch: str, path: Path) -
         )
     model.load_state_dict(state)
     earlier = checkpoint.get("metrics", {})
-    return {
+    start = {
         "initialised_from": str(path),
         "initial_epochs": earlier.get("epochs"),
         "initial_test_accuracy": earlier.get("test_accuracy"),
     }
+    return start, checkpoint.get("recipe") or None
 
 
 def parameter_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -276,7 +279,8 @@ def train(
         resume: continue from ``out/last.pt`` if it exists.
         init: a ``checkpoint.pt`` of this script to start from (its weights only); its
             architecture and config must be ``arch``'s (``upsample`` aside). ``epochs`` then
-            counts the new epochs.
+            counts the new epochs, and the checkpoint's recipe is recorded "<its recipe>; then
+            <this command>", as ``models.average_checkpoints`` records an average's.
         upsample: a ViT's ``models.vit.ViTConfig.upsample``: the grid made finer inside the model.
         sitting_minutes: end this call before an epoch that, at the last epoch's pace, would end
             past this many minutes of the call (``last.pt`` written; ``resume`` continues).
@@ -297,7 +301,7 @@ def train(
     # draws nothing from the random generators: the initial weights are the same either way)
     teacher_model = load_teacher(teacher, device) if teacher is not None else None
     model, config = build_model(arch, upsample)
-    started_from = load_init(model, config, arch, init) if init is not None else None
+    started_from, earlier_recipe = load_init(model, config, arch, init) if init is not None else (None, None)
     model.to(device)
 
     train_split, test_split = load_cifar10_splits(data, limit_per_class)
@@ -454,6 +458,9 @@ def train(
         **(started_from or {}),
     }
     name = f"{arch}-cifar10"
+    recipe = "python -m models.train_cifar " + shlex.join(sys.argv[1:])
+    if earlier_recipe:  # --init: the recipe of the weights it started from first, as models.average_checkpoints'
+        recipe = f"{earlier_recipe}; then {recipe}"
     torch.save(
         {
             "architecture": arch,
@@ -466,7 +473,7 @@ def train(
             "training_data": TRAINING_DATA
             if limit_per_class is None
             else f"{TRAINING_DATA}; first {limit_per_class} per class",
-            "recipe": "python -m models.train_cifar " + shlex.join(sys.argv[1:]),
+            "recipe": recipe,
             "torch_version": torch.__version__,
         },
         out / "checkpoint.pt",

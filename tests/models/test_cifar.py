@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import io
+import shlex
+import sys
 import zipfile
 
 import numpy as np
@@ -144,6 +146,15 @@ def test_init_starts_from_an_earlier_checkpoint_and_refuses_another_architecture
     assert all(torch.equal(earlier[name], loaded[name]) for name in weights)
     assert same["initialised_from"] == str(tmp_path / "first" / "checkpoint.pt")
     assert same["initial_epochs"] == 1 and same["initial_test_accuracy"] == first["test_accuracy"]
+    # the recipe names the run it started from first, as models.average_checkpoints' does
+    command = "python -m models.train_cifar " + shlex.join(sys.argv[1:])  # pytest's command line here
+    assert torch.load(tmp_path / "first" / "checkpoint.pt", weights_only=False)["recipe"] == command
+    same_recipe = torch.load(tmp_path / "same" / "checkpoint.pt", weights_only=False)["recipe"]
+    assert same_recipe == f"{command}; then {command}"
+    bare = torch.load(tmp_path / "first" / "checkpoint.pt", weights_only=False)
+    torch.save({k: v for k, v in bare.items() if k != "recipe"}, tmp_path / "bare.pt")  # one that records none
+    train(tmp_path / "bare", arch="vit", epochs=1, lr=0.0, init=tmp_path / "bare.pt", **small)
+    assert torch.load(tmp_path / "bare" / "checkpoint.pt", weights_only=False)["recipe"] == command
 
     # one more epoch moves them
     train(tmp_path / "more", arch="vit", epochs=1, lr=1e-4, init=tmp_path / "first" / "checkpoint.pt", **small)
