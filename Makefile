@@ -5,9 +5,10 @@
 #   make lint         ruff check ., ruff format --check . (Python files only) and mypy ([tool.mypy] in pyproject.toml)
 #   make typecheck    mypy alone: service/ at --strict's flags, export/ and models/ fully annotated ([tool.mypy] in pyproject.toml)
 #   make tools        Debian's prometheus (promtool) and chromium (chromedriver) for the operation tests (installed as root, else named)
-#   make models       retrain and re-export every committed model, in this order (the seven targets below)
+#   make models       retrain and re-export every committed model, in this order (the model targets below, then the pictures)
 #   make model-vit-digits   train the digits ViT (runs/vit-digits), export model_repository/vit-digits/1
-#   make model-detr-digits  train DETR on the synthetic canvases (issue 21's recipe, resumable), export model_repository/detr-digits/2
+#   make model-detr-digits  train DETR on the synthetic canvases (issue 21's recipe, resumable), export model_repository/detr-digits/3
+#   make model-detr-digits-calibrated  Platt-scale version 3's scores on val, write model_repository/detr-digits/4
 #   make model-vit-cifar10  train the CIFAR-10 photo ViT (runs/vit-cifar10; ~90 min on 2 free cores), export model_repository/vit-cifar10/1
 #   make model-cnn-cifar10  train the reference CNN, DeiT's teacher (runs/cnn-cifar10), copy its metrics and curves to docs/cnn-cifar10/
 #   make model-deit-cifar10  train the distilled ViT from that teacher (runs/deit-cifar10; 100 epochs, resumable), export model_repository/vit-cifar10/2
@@ -98,7 +99,7 @@ test-fast: $(DEV_VENV)/.installed
 
 # One target per committed model or committed result; `make models` runs them all, one at a time in
 # this order (the pictures last: they are drawn by the models just exported), even under -j.
-MODEL_TARGETS := model-vit-digits model-detr-digits model-vit-cifar10 model-cnn-cifar10 model-deit-cifar10 \
+MODEL_TARGETS := model-vit-digits model-detr-digits model-detr-digits-calibrated model-vit-cifar10 model-cnn-cifar10 model-deit-cifar10 \
 	model-deit-cifar10-finer digits-experiments \
 	pictures
 models: $(MODEL_TARGETS)
@@ -117,6 +118,12 @@ model-detr-digits: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.detr_experiments --run $(DETR_RECIPE) --threads 2
 	$(DEV_VENV)/bin/python -m export checkpoint runs/detr-experiments/$(DETR_RECIPE)/checkpoint.pt \
 		--to model_repository/detr-digits/3
+
+# detr-digits version 4 (issue 21): version 3's graph with its class scores Platt-scaled, fit on the val split
+# (models/calibrate_detector.py, about 30 s; docs/detr-recipe.md, "Calibrated scores").
+model-detr-digits-calibrated: $(DEV_VENV)/.installed
+	$(DEV_VENV)/bin/python -m models.calibrate_detector model_repository/detr-digits/3 --to model_repository/detr-digits/4 \
+		--docs docs/detr-digits-experiments/calibrated
 
 # CIFAR-10 photo ViT (~90 min on 2 free CPU cores).
 model-vit-cifar10: $(DEV_VENV)/.installed

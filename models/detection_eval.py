@@ -226,6 +226,55 @@ def pairwise_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.divide(inter, union, out=np.zeros_like(inter), where=union > 0)
 
 
+def objects_by_image(ground_truth: dict[str, Any]) -> dict[int, list[dict[str, Any]]]:
+    """A COCO instances dict's annotations grouped by ``image_id`` (every image a key, maybe empty)."""
+    objects: dict[int, list[dict[str, Any]]] = {image["id"]: [] for image in ground_truth["images"]}
+    for annotation in ground_truth["annotations"]:
+        objects[annotation["image_id"]].append(annotation)
+    return objects
+
+
+def detection_arrays(detections: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """The server's detections -> float (N, 4) xyxy pixel boxes and int (N,) class ids, in order."""
+    boxes = [[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in detections]
+    return np.array(boxes, float).reshape(-1, 4), np.array([int(d["class_id"]) for d in detections], int)
+
+
+def object_arrays(annotations: Sequence[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
+    """COCO annotations (``bbox`` [x, y, width, height] pixels) -> float (M, 4) xyxy and int (M,) ids."""
+    boxes = [[x, y, x + w, y + h] for x, y, w, h in (a["bbox"] for a in annotations)]
+    return np.array(boxes, float).reshape(-1, 4), np.array([int(a["category_id"]) for a in annotations], int)
+
+
+def match_greedy(
+    boxes: np.ndarray, labels: np.ndarray, gt_boxes: np.ndarray, gt_labels: np.ndarray, *, iou: float = 0.5
+) -> tuple[np.ndarray, np.ndarray]:
+    """One image's detections matched to its objects, COCO's rule at one IoU.
+
+    Each detection, best score first, takes the unmatched object of its label with the highest IoU
+    of at least ``iou``; a detection that takes one is a true positive, the rest (duplicates
+    included) false positives.
+
+    Args:
+        boxes: float (N, 4) detections, xyxy pixels, **sorted best score first**.
+        labels: int (N,) their class ids.
+        gt_boxes: float (M, 4) objects, xyxy pixels.
+        gt_labels: int (M,) their class ids.
+
+    Returns:
+        bool (N,) true positive per detection, bool (M,) matched per object.
+    """
+    overlap = pairwise_iou(boxes.reshape(-1, 4), gt_boxes.reshape(-1, 4))
+    true_positive = np.zeros(len(boxes), bool)
+    matched = np.zeros(len(gt_boxes), bool)
+    for i in range(len(boxes)):
+        candidates = np.where((gt_labels == labels[i]) & ~matched & (overlap[i] >= iou))[0]
+        if len(candidates):
+            matched[candidates[np.argmax(overlap[i, candidates])]] = True
+            true_positive[i] = True
+    return true_positive, matched
+
+
 def set_quality(
     ground_truth: dict[str, Any],
     detections: Sequence[Sequence[dict[str, Any]]],
@@ -258,36 +307,24 @@ def set_quality(
     images = ground_truth["images"]
     if len(detections) != len(images):
         raise ValueError(f"{len(detections)} detection lists for {len(images)} images")
-    objects_of: dict[int, list[dict[str, Any]]] = {image["id"]: [] for image in images}
-    for annotation in ground_truth["annotations"]:
-        objects_of[annotation["image_id"]].append(annotation)
+    objects_of = objects_by_image(ground_truth)
     dup_images = dup_pairs = kept_total = tp_total = objects_total = below_total = 0
     for image, dets in zip(images, detections, strict=True):
         kept = sorted((d for d in dets if d["score"] >= threshold), key=lambda d: -d["score"])
         objects = objects_of[image["id"]]
-        boxes = np.array([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in kept], float).reshape(-1, 4)
-        labels = np.array([int(d["class_id"]) for d in kept])
-        gt_boxes = np.array([[x, y, x + w, y + h] for x, y, w, h in (o["bbox"] for o in objects)], float).reshape(-1, 4)
-        gt_labels = np.array([int(o["category_id"]) for o in objects])
+        boxes, labels = detection_arrays(kept)
+        gt_boxes, gt_labels = object_arrays(objects)
         pairs = np.triu((pairwise_iou(boxes, boxes) > iou) & (labels[:, None] == labels[None, :]), k=1)
         dup_pairs += int(pairs.sum())
         dup_images += bool(pairs.any())
-        overlap = pairwise_iou(boxes, gt_boxes)
-        matched = np.zeros(len(objects), bool)
-        for i in range(len(kept)):  # best score first
-            candidates = np.where((gt_labels == labels[i]) & ~matched & (overlap[i] >= iou))[0]
-            if len(candidates):
-                matched[candidates[np.argmax(overlap[i, candidates])]] = True
+        _, matched = match_greedy(boxes, labels, gt_boxes, gt_labels, iou=iou)
         kept_total += len(kept)
         tp_total += int(matched.sum())
         objects_total += len(objects)
         if not matched.all():  # a missed object that a detection under the threshold finds in place
             below = [d for d in dets if d["score"] < threshold]
-            low_boxes = np.array([[d["box"][k] for k in ("xmin", "ymin", "xmax", "ymax")] for d in below], float)
-            low_labels = np.array([int(d["class_id"]) for d in below])
-            in_place = (pairwise_iou(low_boxes.reshape(-1, 4), gt_boxes) >= iou) & (
-                low_labels[:, None] == gt_labels[None, :]
-            )
+            low_boxes, low_labels = detection_arrays(below)
+            in_place = (pairwise_iou(low_boxes, gt_boxes) >= iou) & (low_labels[:, None] == gt_labels[None, :])
             below_total += int((in_place.any(axis=0) & ~matched).sum())
     return {
         "duplicate_canvas_fraction": dup_images / max(len(images), 1),
