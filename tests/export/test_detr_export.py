@@ -99,8 +99,9 @@ def test_detr_checkpoint_export_end_to_end(tmp_path) -> None:
 
 
 def test_committed_detr_manifest_records_parity_and_the_ap_it_measures() -> None:
-    """The served detr-digits (version 2, issues 18 and 21): a masked, bucketed graph whose manifest's
-    AP, duplicates, precision and recall this test recomputes through ONNX Runtime."""
+    """The served detr-digits (issues 18 and 21; version 4: version 3's export, its scores Platt-scaled on
+    val): a masked, bucketed graph whose manifest's AP, duplicates, precision and recall this test
+    recomputes through ONNX Runtime."""
     from export.detr import onnx_runner
     from models.detection_data import load_split, to_coco
     from models.detection_eval import coco_ap, detect_images, served_rule, set_quality
@@ -127,12 +128,11 @@ def test_committed_detr_manifest_records_parity_and_the_ap_it_measures() -> None
     for key in ("duplicate_canvas_fraction", "duplicate_pairs", "precision", "recall", "missed"):
         assert quality[key] == pytest.approx(metrics[f"test_{key}"], abs=1e-12), key
     assert quality["missed_scored_below_threshold"] == metrics["test_missed_scored_below_threshold"]
-    # Issue 21's bars: AP >= 0.85, AP50 >= 0.98, duplicates on < 2 % of canvases, precision >= 0.97 hold.
+    # Issue 21's bars: AP >= 0.85, AP50 >= 0.98, duplicates on < 2 % of canvases, precision >= 0.97, and
+    # recall >= 0.98 (version 3, uncalibrated, missed it at 0.976: docs/detr-recipe.md, "Calibrated scores").
     assert measured["AP"] >= 0.85 and measured["AP50"] >= 0.98
     assert quality["duplicate_canvas_fraction"] < 0.02 and quality["precision"] >= 0.97
-    # Its recall bar (0.98) is MISSED: 0.971 (43 of 1,491 objects, each found in place with the right label
-    # but scored under 0.5: docs/detr-recipe.md). Held here so that it cannot silently fall further.
-    assert quality["recall"] >= 0.97
+    assert quality["recall"] >= 0.98
     trained = json.loads((COMMITTED / "metrics.json").read_text())
     assert trained["test_AP"] == pytest.approx(metrics["test_AP_pytorch"])
     assert abs(trained["test_AP"] - metrics["test_AP"]) < 0.005  # PyTorch and ONNX Runtime agree

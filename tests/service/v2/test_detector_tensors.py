@@ -125,5 +125,5 @@ async def test_config_shows_the_models_own_version_policy() -> None:
     async with running_app() as client:
         detr = (await client.get(f"/v2/models/detr-digits/versions/{PREVIOUS}/config")).json()
         digits = (await client.get("/v2/models/vit-digits/config")).json()
-    assert detr["version_policy"] == {"latest": {"num_versions": 3}}  # model_repository/detr-digits/config.json
+    assert detr["version_policy"] == {"latest": {"num_versions": 4}}  # model_repository/detr-digits/config.json
     assert digits["version_policy"] == {"latest": {"num_versions": 1}}  # no config.json: Triton's default
