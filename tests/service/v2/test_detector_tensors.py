@@ -125,5 +125,6 @@ async def test_config_shows_the_models_own_version_policy() -> None:
     async with running_app() as client:
         detr = (await client.get(f"/v2/models/detr-digits/versions/{PREVIOUS}/config")).json()
         digits = (await client.get("/v2/models/vit-digits/config")).json()
-    assert detr["version_policy"] == {"latest": {"num_versions": 4}}  # model_repository/detr-digits/config.json
+    # model_repository/detr-digits/config.json; int64 versions are strings in protobuf's JSON, as Triton's
+    assert detr["version_policy"] == {"specific": {"versions": ["1", "3", "4"]}}
     assert digits["version_policy"] == {"latest": {"num_versions": 1}}  # no config.json: Triton's default

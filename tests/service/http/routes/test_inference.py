@@ -51,7 +51,7 @@ async def test_detect_the_example_canvas() -> None:
     assert body["model"] == "detr-digits" and body["version"] == served_version("detr-digits").name
     assert body["image"] == {"width": 339, "height": 327}
     detections = body["detections"]
-    # Version 3 (issue 21): every detection is a true digit in place, none twice, all five found. The
+    # Version 4 (issue 21): every detection is a true digit in place, none twice, all five found. The
     # '2' cut by the bottom edge, which version 2 scored under 0.5, is in (README; docs/models.md).
     matched = _matches(detections, truth)
     assert -1 not in matched and len(set(matched)) == len(matched)
@@ -59,7 +59,8 @@ async def test_detect_the_example_canvas() -> None:
     at_low = low.json()["detections"]
     cut = [d for d, i in zip(at_low, _matches(at_low, truth), strict=True) if i == 0]
     assert cut[0]["label"] == "2" and all(d["score"] < 0.5 for d in cut[1:])  # other labels of its box: under
-    assert [d["label"] for d in detections if d["score"] < 0.7] == ["2"]  # why the README's 0.7 picture lacks it
+    # The least sure, calibrated to about 0.75 (version 3: 0.55): the README's 0.7 picture has it.
+    assert [d["label"] for d in detections if d["score"] < 0.9] == ["2"] and min(d["score"] for d in detections) > 0.7
     # Version 1 found the '2' but gave the '3' a second box: the duplicate issue 21 is about.
     old = first.json()["detections"]
     assert sorted(d["label"] for d in old) == ["0", "2", "3", "3", "4", "5"] and first.json()["version"] == "1"
