@@ -53,6 +53,15 @@ LOGITS = "pred_logits"
 # Scores are float64 sigmoids of float32 logits; clipped here so that a saturated score (about |logit| > 36)
 # has a finite logit.
 _EPS = 1e-15
+# set_quality's figures that the manifest records (at the detect route's default threshold).
+_AT_THRESHOLD = (
+    "duplicate_canvas_fraction",
+    "duplicate_pairs",
+    "precision",
+    "recall",
+    "missed",
+    "missed_scored_below_threshold",
+)
 RELIABILITY_BINS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 1.0)
 
 
@@ -242,9 +251,7 @@ def calibrate(
         "test_AP50": test["AP50"],
         "test_AP75": test["AP75"],
         "test_AR100": test["AR100"],
-        **{f"test_{k}": test[k] for k in ("duplicate_canvas_fraction", "duplicate_pairs", "precision", "recall")},
-        "test_missed": test["missed"],
-        "test_missed_scored_below_threshold": test["missed_scored_below_threshold"],
+        **{f"test_{k}": test[k] for k in _AT_THRESHOLD},
         **calibration,
     }
     command = f"python -m models.calibrate_detector {source} --to {target}"
@@ -269,7 +276,12 @@ def calibrate(
     write_manifest(new, target / "model.json")
     trained = json.loads((source / "metrics.json").read_text()) if (source / "metrics.json").exists() else {}
     val_figures = {f"val_{k}": val[k] for k in ("AP", "AP50", "duplicate_canvas_fraction", "precision", "recall")}
-    (target / "metrics.json").write_text(json.dumps({**trained, **val_figures, **calibration}, indent=2) + "\n")
+    # The source's training record (its PyTorch AP stands: calibration keeps every ranking), its figures at the
+    # default threshold and on val replaced by this version's (a fresh user's find: they were version 3's).
+    test_figures = {f"test_{k}": test[k] for k in _AT_THRESHOLD}
+    (target / "metrics.json").write_text(
+        json.dumps({**trained, **test_figures, **val_figures, **calibration}, indent=2) + "\n"
+    )
     if (source / "training_curves.png").exists():
         shutil.copyfile(source / "training_curves.png", target / "training_curves.png")
     figures = {**calibration, **val_figures, **{f"test_{k}": v for k, v in test.items()}}

@@ -114,6 +114,13 @@ def test_committed_version_4_is_what_the_command_makes_from_version_3(tmp_path) 
         json.loads((tmp_path / "docs" / "calibration.json").read_text())["calibration_scale"]
         == figures["calibration_scale"]
     )
+    # metrics.json: this version's own figures at the threshold and on val, not the source's (a fresh user's
+    # find); its PyTorch AP is the training record's, as the manifest's test_AP_pytorch.
+    written = json.loads((committed / "metrics.json").read_text())
+    for key in ("test_duplicate_canvas_fraction", "test_precision", "test_recall", "calibration_scale"):
+        assert written[key] == pytest.approx(metrics[key], rel=1e-9), key
+    assert written["test_AP"] == metrics["test_AP_pytorch"]
+    assert written["val_recall"] == pytest.approx(figures["val_recall"])
     committed_table = (ROOT / "docs" / "detr-digits-experiments" / "calibrated" / "reliability.md").read_text()
     assert (tmp_path / "docs" / "reliability.md").read_text().split("\n\n")[1] == committed_table.split("\n\n")[1]
     # Calibrated: the fit lowers the likelihood's loss on val, where it was fit, and on test, where it was not.
