@@ -138,11 +138,13 @@ async def server_ready(state: State) -> dict[str, bool]:
     return {"ready": True}
 
 
-def _metadata(model: ModelVersion, repository: Repository) -> dict[str, Any]:
+def _metadata(model: ModelVersion, repository: Repository, *, versioned: bool) -> dict[str, Any]:
+    """The KServe v2 model metadata; ``versions``: the named version alone when the path names one, else
+    every served version (Triton's ``TRITONSERVER_ServerModelMetadata``)."""
     spec = model.manifest.input
     return {
         "name": model.name,
-        "versions": [str(v) for v in sorted(repository.models[model.name])],
+        "versions": [str(model.version)] if versioned else [str(v) for v in sorted(repository.models[model.name])],
         "platform": PLATFORM,
         "inputs": [{"name": spec.name, "datatype": input_datatype(model), "shape": dims(spec.shape)}]
         + [{"name": name, "datatype": "INT64", "shape": [-1, -1, -1]} for name in mask_input(model)],
@@ -156,7 +158,7 @@ def _metadata(model: ModelVersion, repository: Repository) -> dict[str, Any]:
     responses=v2_responses(MODEL_METADATA_SCHEMA, 400, 404),
 )
 async def model_metadata(name: str, repository: Repository) -> dict[str, Any]:
-    return _metadata(repository.get(name), repository)
+    return _metadata(repository.get(name), repository, versioned=False)
 
 
 @router.get(
@@ -165,7 +167,7 @@ async def model_metadata(name: str, repository: Repository) -> dict[str, Any]:
     responses=v2_responses(MODEL_METADATA_SCHEMA, 400, 404),
 )
 async def model_version_metadata(name: str, version: str, repository: Repository) -> dict[str, Any]:
-    return _metadata(repository.get(name, version), repository)
+    return _metadata(repository.get(name, version), repository, versioned=True)
 
 
 def _ready(state: State, name: str, version: str | None) -> dict[str, Any]:
@@ -199,18 +201,16 @@ def _version_policy(model: ModelVersion, state: ServerState) -> dict[str, Any]:
     """The model's version policy as Triton writes it (``config.json``'s or the load API's).
 
     ``specific`` with this version alone when it cannot be read (no model control, or a
-    ``config.json`` made invalid after the start: the versions serving keep serving).
+    ``config.json`` made invalid after the start: the versions serving keep serving). Versions are
+    JSON integers, as Triton writes them (its ``ModelConfigToJson`` turns protobuf's int64 strings
+    back into numbers for ``version_policy.specific.versions``).
     """
-    versions = [model.version]
     try:
         if state.control is not None:
-            policy = state.control.policy(model.name)
-            if policy.specific is None:
-                return policy.describe()
-            versions = policy.specific.versions
+            return state.control.policy(model.name).describe()
     except ConfigError:
         pass
-    return {"specific": {"versions": [str(v) for v in versions]}}  # int64: a string in protobuf's JSON
+    return {"specific": {"versions": [int(model.version)]}}
 
 
 def _config(model: ModelVersion, max_rows: int, version_policy: dict[str, Any]) -> dict[str, Any]:

@@ -125,6 +125,11 @@ async def test_config_shows_the_models_own_version_policy() -> None:
     async with running_app() as client:
         detr = (await client.get(f"/v2/models/detr-digits/versions/{PREVIOUS}/config")).json()
         digits = (await client.get("/v2/models/vit-digits/config")).json()
-    # model_repository/detr-digits/config.json; int64 versions are strings in protobuf's JSON, as Triton's
-    assert detr["version_policy"] == {"specific": {"versions": ["1", "3", "4"]}}
+        every = (await client.get("/v2/models/detr-digits")).json()
+        one = (await client.get(f"/v2/models/detr-digits/versions/{PREVIOUS}")).json()
+    # model_repository/detr-digits/config.json, versions as JSON integers: Triton's ModelConfigToJson turns
+    # protobuf's int64 strings back into numbers there (a fresh user's find: we wrote strings).
+    assert detr["version_policy"] == {"specific": {"versions": [1, 3, 4]}}
     assert digits["version_policy"] == {"latest": {"num_versions": 1}}  # no config.json: Triton's default
+    # Metadata: every served version (strings, as Triton's), or the one the path names (Triton lists only it).
+    assert every["versions"] == ["1", "3", "4"] and one["versions"] == [PREVIOUS]
