@@ -112,7 +112,7 @@ model-vit-digits: $(DEV_VENV)/.installed
 # detr-digits version 3 (issues 18 and 21): the recipe chosen in docs/detr-digits-experiments/ (version 2's,
 # on distorted train digits), trained with the pixel mask on bucketed canvases (19,000 steps, about 5.5 h on
 # two quiet threads at about 1 s a step; resumable: rerun the same command after a stop). Versions 1 and 2
-# stay in model_repository/ for the comparison; the default policy serves 3 and 2.
+# stay in model_repository/ for the comparison; config.json serves 1, 3 and 4 (version 4: the next target).
 DETR_RECIPE := served-frame-focal-100q-dn5-6dec-long-distorted
 model-detr-digits: $(DEV_VENV)/.installed
 	$(DEV_VENV)/bin/python -m models.detr_experiments --run $(DETR_RECIPE) --threads 2
