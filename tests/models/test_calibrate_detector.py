@@ -17,7 +17,7 @@ from models.calibrate_detector import (
 )
 from service.runtime.manifest import load_manifest
 from tests.conftest import MODEL_REPOSITORY, ROOT
-from tests.models.test_detection_eval import _det, _truth
+from tests.models.helpers import detection, ground_truth
 
 
 def test_the_fit_recovers_the_scale_and_shift_that_drew_the_labels() -> None:
@@ -41,13 +41,13 @@ def test_the_fit_refuses_one_class_and_a_reversed_order() -> None:
 
 
 def test_candidates_are_labelled_by_greedy_matching_so_a_double_is_wrong() -> None:
-    truth = _truth([(3, 10, 10, 20, 20), (5, 50, 50, 20, 20)])
+    truth = ground_truth([(3, 10, 10, 20, 20), (5, 50, 50, 20, 20)])
     detections = [
         [
-            _det(3, 0.8, 11, 11, 31, 31),  # the 3's double, listed first but scoring lower
-            _det(3, 0.9, 10, 10, 30, 30),  # the 3
-            _det(5, 0.2, 50, 50, 70, 70),  # the 5, scored low: still correct
-            _det(7, 0.6, 50, 50, 70, 70),  # a wrong label
+            detection(3, 0.8, 11, 11, 31, 31),  # the 3's double, listed first but scoring lower
+            detection(3, 0.9, 10, 10, 30, 30),  # the 3
+            detection(5, 0.2, 50, 50, 70, 70),  # the 5, scored low: still correct
+            detection(7, 0.6, 50, 50, 70, 70),  # a wrong label
         ]
     ]
     logits, correct = candidates(truth, detections)

@@ -5,38 +5,21 @@ from __future__ import annotations
 import pytest
 
 from models.detection_eval import set_quality
-
-
-def _det(label: int, score: float, x0: float, y0: float, x1: float, y1: float) -> dict:
-    return {
-        "class_id": label,
-        "label": str(label),
-        "score": score,
-        "box": {"xmin": x0, "ymin": y0, "xmax": x1, "ymax": y1},
-    }
-
-
-def _truth(*images: list[tuple[int, float, float, float, float]]) -> dict:
-    annotations = [
-        {"id": len(images) * 100 + k, "image_id": i + 1, "category_id": label, "bbox": [x, y, w, h]}
-        for i, objects in enumerate(images)
-        for k, (label, x, y, w, h) in enumerate(objects)
-    ]
-    return {"images": [{"id": i + 1} for i in range(len(images))], "annotations": annotations}
+from tests.models.helpers import detection, ground_truth
 
 
 def test_a_double_a_miss_and_a_wrong_label_are_counted() -> None:
-    truth = _truth(
+    truth = ground_truth(
         [(3, 10, 10, 20, 20), (5, 50, 50, 20, 20)],  # image 1: a 3 and a 5
         [(1, 0, 0, 10, 10)],  # image 2: a 1
     )
     detections = [
         [
-            _det(3, 0.9, 10, 10, 30, 30),  # the 3
-            _det(3, 0.8, 11, 11, 31, 31),  # its double (same label, IoU > 0.5)
-            _det(5, 0.4, 50, 50, 70, 70),  # the 5, under the threshold: missed
+            detection(3, 0.9, 10, 10, 30, 30),  # the 3
+            detection(3, 0.8, 11, 11, 31, 31),  # its double (same label, IoU > 0.5)
+            detection(5, 0.4, 50, 50, 70, 70),  # the 5, under the threshold: missed
         ],
-        [_det(2, 0.7, 0, 0, 10, 10)],  # wrong label on the 1: a false positive and a miss
+        [detection(2, 0.7, 0, 0, 10, 10)],  # wrong label on the 1: a false positive and a miss
     ]
     quality = set_quality(truth, detections, threshold=0.5)
     assert quality["duplicate_canvas_fraction"] == 0.5 and quality["duplicate_pairs"] == 1
@@ -49,17 +32,17 @@ def test_a_double_a_miss_and_a_wrong_label_are_counted() -> None:
 
 
 def test_neighbours_of_different_labels_or_low_overlap_are_not_duplicates() -> None:
-    truth = _truth([(1, 0, 0, 10, 10), (2, 0, 0, 10, 10), (1, 20, 0, 10, 10)])
-    detections = [[_det(1, 0.9, 0, 0, 10, 10), _det(2, 0.9, 0, 0, 10, 10), _det(1, 0.9, 20, 0, 30, 10)]]
+    truth = ground_truth([(1, 0, 0, 10, 10), (2, 0, 0, 10, 10), (1, 20, 0, 10, 10)])
+    detections = [[detection(1, 0.9, 0, 0, 10, 10), detection(2, 0.9, 0, 0, 10, 10), detection(1, 0.9, 20, 0, 30, 10)]]
     quality = set_quality(truth, detections)
     assert quality["duplicate_pairs"] == 0 and quality["precision"] == 1.0 and quality["recall"] == 1.0
 
 
 def test_an_empty_set_has_precision_one_and_recall_zero() -> None:
-    quality = set_quality(_truth([(1, 0, 0, 10, 10)]), [[]])
+    quality = set_quality(ground_truth([(1, 0, 0, 10, 10)]), [[]])
     assert quality["precision"] == 1.0 and quality["recall"] == 0.0 and quality["missed"] == 1
     with pytest.raises(ValueError, match="detection lists"):
-        set_quality(_truth(), [[]])
+        set_quality(ground_truth(), [[]])
 
 
 def test_sigmoid_post_processing_by_hand() -> None:
