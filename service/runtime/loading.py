@@ -212,7 +212,7 @@ class Loader:
     def _wide_if_it_pays(
         self, name: str, version: int, plan: ThreadPlan, instance: OrtRunner, wide: OrtRunner, pre: Preprocessor
     ) -> tuple[ThreadPlan, OrtRunner | None]:
-        """Keep the wide session only if a lone input runs faster on it (:func:`wide_pays`), measured now."""
+        """Keep the wide session unless a lone input runs slower on it (:func:`wide_pays`), measured now."""
         c, h, w = pre.output_shape
         buckets = pre.spec.buckets
         if buckets:

@@ -46,7 +46,7 @@ def version(name: str, number: int = 1) -> Path:
     return MODEL_REPOSITORY / name / str(number)
 
 
-def test_a_wide_session_that_runs_a_lone_input_no_faster_is_left_out_and_the_reason_says_so() -> None:
+def test_a_wide_session_that_runs_a_lone_input_slower_is_left_out_and_the_reason_says_so() -> None:
     timer = Timer(instance=0.062e-3, wide=0.107e-3)  # vit-digits on 2 cores, as measured once
     model = loader(timer).load("vit-digits", 1, version("vit-digits"))
     assert model.wide is None and model.threads is not None and model.threads.wide_threads == 0
@@ -91,9 +91,11 @@ def test_nothing_is_measured_for_a_version_loaded_while_others_serve() -> None:
     assert timer.calls == [] and model.wide is not None
 
 
-def test_wide_pays_needs_a_tenth_faster() -> None:
+def test_wide_pays_unless_it_is_slower() -> None:
     assert wide_pays(1.0, 1.0 / 1.66) and wide_pays(1.0, 1.0 / 1.28) and wide_pays(1.1, 1.0)
-    assert not wide_pays(1.0, 1.0 / 1.05) and not wide_pays(0.062, 0.107)
+    assert wide_pays(3.787, 3.634)  # vit-cifar10 in a slow phase at one start: no faster, kept
+    assert wide_pays(1.0, 1.0)
+    assert not wide_pays(0.086, 0.113) and not wide_pays(0.062, 0.107)  # vit-digits: slower on two threads
 
 
 def test_lone_run_seconds_alternates_the_two_and_takes_each_ones_fastest_run() -> None:
