@@ -32,6 +32,15 @@ import numpy as np
 import onnxruntime as ort
 
 MODEL = Path("bench/.work/model_repository/vit-ti16-random/1/model.onnx")
+REPOSITORY = Path(__file__).resolve().parents[1]  # where ``python -m bench.phases`` finds the package
+
+
+def at_least_one(text: str) -> int:
+    """An argparse type: an integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
 
 
 def session(path: Path, threads: int) -> ort.InferenceSession:
@@ -58,22 +67,28 @@ def block_ms(s: ort.InferenceSession, feed: dict[str, np.ndarray], runs: int) ->
     return float(np.median(times) * 1e3)
 
 
-def pinned(path: Path, cpu: int, runs: int) -> None:
-    """In a child process: a one-thread session pinned to ``cpu``; prints its block's median ms."""
+def pinned(path: Path, cpu: int, runs: int, start: float) -> None:
+    """In a child process: a one-thread session pinned to ``cpu``, timed from ``start`` (``time.time()``)
+    on, so that the two children's blocks overlap; prints its block's median ms."""
     os.sched_setaffinity(0, {cpu})
     s = session(path, 1)
     feed = zeros_for(s)
     s.run(None, feed)
+    time.sleep(max(start - time.time(), 0.0))
     print(json.dumps(block_ms(s, feed, runs)))
 
 
-def side_by_side(path: Path, runs: int, cpus: list[int]) -> list[float]:
-    """One pinned one-thread session per CPU of ``cpus`` at once: each one's median ms."""
+def side_by_side(path: Path, runs: int, cpus: list[int], lead: float = 3.0) -> list[float]:
+    """One pinned one-thread session per CPU of ``cpus`` at once: each one's median ms.
+
+    Both children start timing ``lead`` seconds from now (time to import ONNX Runtime and build
+    the session), so their blocks run at the same time.
+    """
+    start = time.time() + lead
+    argv = [sys.executable, "-m", "bench.phases", "--model", str(path.resolve()), "--runs", str(runs)]
     children = [
         subprocess.Popen(
-            [sys.executable, "-m", "bench.phases", "--pinned", str(cpu), "--model", str(path), "--runs", str(runs)],
-            stdout=subprocess.PIPE,
-            text=True,
+            [*argv, "--pinned", str(cpu), "--start", repr(start)], stdout=subprocess.PIPE, text=True, cwd=REPOSITORY
         )
         for cpu in cpus
     ]
@@ -83,14 +98,17 @@ def side_by_side(path: Path, runs: int, cpus: list[int]) -> list[float]:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.phases", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", type=Path, default=MODEL, help="an ONNX graph with one image input")
-    parser.add_argument("--blocks", type=int, default=40, help="blocks per session")
-    parser.add_argument("--runs", type=int, default=20, help="runs per block")
-    parser.add_argument("--every", type=int, default=8, help="the side-by-side check after every this many blocks")
+    parser.add_argument("--blocks", type=at_least_one, default=40, help="blocks per session")
+    parser.add_argument("--runs", type=at_least_one, default=20, help="runs per block")
+    parser.add_argument(
+        "--every", type=at_least_one, default=8, help="the side-by-side check after every this many blocks"
+    )
     parser.add_argument("--slow", type=float, default=1.25, help="a block this many times the fastest is slow")
-    parser.add_argument("--pinned", type=int, default=None, help=argparse.SUPPRESS)  # the child of side_by_side
+    parser.add_argument("--pinned", type=int, default=None, help=argparse.SUPPRESS)  # the children of side_by_side
+    parser.add_argument("--start", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.pinned is not None:
-        pinned(args.model, args.pinned, args.runs)
+        pinned(args.model, args.pinned, args.runs, args.start)
         return
     one, two = session(args.model, 1), session(args.model, 2)
     feed = zeros_for(one)

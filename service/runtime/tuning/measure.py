@@ -140,16 +140,22 @@ def lone_run_seconds(
 
     The fastest run, not the median: it is what each session can do on these cores, and the
     comparison is between the two sessions, not of the machine. On the 2-vCPU KVM machines this
-    was built on, a two-thread ONNX Runtime run went through phases of seconds at 1.5x its time
-    (ViT-Ti/16 25.3 against 16.2 ms; ``vit-cifar10`` 3.7 against 2.4 ms) while one-thread runs and
-    each core alone kept their speed (2026-12-07, docs/performance.md); a median taken in such a
-    phase dropped the wide session for the server's whole life (``vit-cifar10``: 3.952 against
-    3.960 ms in the benchmark of 05:20 UTC), though it never ran slower than one instance in it.
+    was built on, a two-thread ONNX Runtime run went through stretches of seconds at about one
+    thread's speed (ViT-Ti/16 25.3 against 16.2 ms; ``vit-cifar10`` 3.36 against 2.07 ms) while
+    one-thread runs kept theirs (``python -m bench.phases``, 2026-12-07, docs/performance.md); a
+    median taken in such a stretch dropped the wide session for the server's whole life
+    (``vit-cifar10``: 3.952 against 3.960 ms in the benchmark of 05:20 UTC). The fastest run helps
+    only when the stretch ends within the check (about 0.1 s for ``vit-cifar10``): see :func:`wide_pays`.
+
+    Raises:
+        ValueError: ``runs`` < 1.
 
     Args:
         instance, wide: the two sessions' run functions, ``(*args) -> outputs``.
         args: one input as the runner is called with it: ``(batch,)`` or ``(batch, pixel mask)``.
     """
+    if runs < 1:
+        raise ValueError(f"runs must be at least 1, not {runs}")
     instance(*args)
     wide(*args)
     started = clock()
@@ -169,12 +175,15 @@ def wide_pays(instance_seconds: float, wide_seconds: float, gain: float = WIDE_G
 
     ``gain`` is 1.0: the wide session is kept unless it runs *slower*. What a second thread costs a
     small graph (its start and its spinning) shows in every measurement: ``vit-digits`` (0.09 ms a
-    run) ran at 0.58-0.76x on two threads, and the second thread, spinning while the decode thread
-    wanted the core, cost it 11 % of its lone-request throughput (docs/performance.md, item 12).
-    What it gains a large one shows only outside the machine's slow phases (:func:`lone_run_seconds`):
-    ``vit-cifar10`` ran 1.5x as fast on two threads in one, 1.04x in another (its fastest runs, 2026-12-07,
-    at a server's start), so the 1.1x asked before left it out at one start in two. A wide session that
-    is no faster costs nothing under load: it runs only lone inputs.
+    run) ran at 0.58-0.76x on two threads in the start-ups recorded in docs/performance.md, and the
+    second thread, spinning while the decode thread wanted the core, cost it 11 % of its
+    lone-request throughput (item 12 there). What it gains a large graph shows only outside the
+    machine's slow stretches (:func:`lone_run_seconds`): ``vit-cifar10`` ran 1.55x as fast on two
+    threads outside one (``bench.phases``: 2.07 against 3.21 ms), 1.00x and 1.03x at the starts of the
+    benchmark runs of 05:20 and 07:56 UTC on 2026-12-07, which the 1.1x asked before left it out of.
+    A start-up inside a slow stretch can still measure the wide session a hair slower and leave it
+    out; this makes that rarer, not impossible. A wide session that gains nothing costs nothing
+    under load: it runs only lone inputs.
     """
     return wide_seconds * gain <= instance_seconds
 
