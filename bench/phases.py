@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     one, two = session(args.model, 1), session(args.model, 2)
     feed = zeros_for(one)
-    one.run(None, feed), two.run(None, feed)
+    one.run(None, feed)  # each session's first run, uncounted
+    two.run(None, feed)
     ones, twos, pairs = [], [], []
     cpus = sorted(os.sched_getaffinity(0))[:2]  # the first two this process may use
     for block in range(args.blocks):
