@@ -101,16 +101,14 @@ def _checked_input(model: ModelVersion, request: InferRequest, max_rows: int) ->
     if x.dtype != np.dtype(spec.dtype):
         raise BadRequest(f"input {spec.name!r} is {datatype_of(x.dtype)}; the model takes {expected}")
     shape = dims(spec.shape)
+    mismatch = f"input {spec.name!r} has shape {list(x.shape)}; the model takes {shape} (-1: any size >= 1)"
     if x.ndim != len(shape):
-        raise BadRequest(f"input {spec.name!r} has shape {list(x.shape)}; the model takes {shape} (-1: any size >= 1)")
+        raise BadRequest(mismatch)
     if not 1 <= x.shape[0] <= max_rows:
         raise BadRequest(f"input {spec.name!r}: the batch size must be between 1 and {max_rows}, got {x.shape[0]}")
     for axis, (got, want) in enumerate(zip(x.shape[1:], shape[1:], strict=True), start=1):
         if (want != -1 and got != want) or got < 1:
-            raise BadRequest(
-                f"input {spec.name!r} has shape {list(x.shape)}; the model takes {shape} (-1: any size >= 1), "
-                f"axis {axis} differs"
-            )
+            raise BadRequest(f"{mismatch}, axis {axis} differs")
     return x  # NaN and infinities are accepted, as Triton accepts them (see the module docstring)
 
 

@@ -110,7 +110,7 @@ def test_lone_run_seconds_alternates_the_two_and_takes_each_ones_fastest_run() -
         return run
 
     # The first run of each is uncounted. The wide session's last three runs fall in a slow phase
-    # (as fast as one instance, never slower): its median would be 1.0, its capability is 0.5.
+    # (about one instance's speed): its median would be 1.0, its capability is 0.5.
     instance = runner("i", [0.1, 1.0, 1.1, 50.0, 1.0])
     wide = runner("w", [0.1, 0.5, 1.0, 1.0, 1.0])
     args = (np.zeros((1, 1, 2, 2), np.float32),)
