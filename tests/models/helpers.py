@@ -16,9 +16,20 @@ def detection(label: int, score: float, x0: float, y0: float, x1: float, y1: flo
 
 
 def ground_truth(*images: list[tuple[int, float, float, float, float]]) -> dict[str, Any]:
-    """A COCO instances dict: per image, its objects as (label, x, y, width, height) in pixels; ids from 1."""
+    """A COCO instances dict (no categories): per image, its objects as (label, x, y, width, height) in pixels.
+
+    Image ids from 1; annotation ids unique across images (pycocotools indexes annotations by id:
+    a shared id let one image's object stand for another's in COCOeval).
+    """
     annotations = [
-        {"id": len(images) * 100 + k, "image_id": i + 1, "category_id": label, "bbox": [x, y, w, h]}
+        {
+            "id": (i + 1) * 1000 + k,
+            "image_id": i + 1,
+            "category_id": label,
+            "bbox": [x, y, w, h],
+            "area": w * h,
+            "iscrowd": 0,
+        }
         for i, objects in enumerate(images)
         for k, (label, x, y, w, h) in enumerate(objects)
     ]

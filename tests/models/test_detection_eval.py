@@ -75,3 +75,15 @@ def test_sigmoid_post_processing_by_hand() -> None:
     assert score_rule("sigmoid") is sigmoid_detect and score_rule("sigmoid_top_k") is sigmoid_detect
     with pytest.raises(ValueError, match="softmax, sigmoid"):
         score_rule("argmax")
+
+
+def test_coco_ap_keeps_each_image_to_its_own_objects() -> None:
+    """Two images with an object each in different places: each image's box finds its own object only."""
+    from models.detection_eval import coco_ap
+
+    truth = ground_truth([(1, 0, 0, 40, 40)], [(1, 50, 50, 40, 40)])
+    truth["categories"] = [{"id": 1, "name": "one"}]
+    right = [[detection(1, 0.9, 0, 0, 40, 40)], [detection(1, 0.9, 50, 50, 90, 90)]]
+    assert coco_ap(truth, right)["AP"] == pytest.approx(1.0)
+    swapped = [[detection(1, 0.9, 50, 50, 90, 90)], [detection(1, 0.9, 0, 0, 40, 40)]]  # each on the other's object
+    assert coco_ap(truth, swapped)["AP"] == pytest.approx(0.0)
