@@ -6,9 +6,13 @@ Loki, CloudWatch, Elasticsearch …). The configuration is a :func:`logging.conf
 dictionary handed to uvicorn, which applies it in the supervisor and again in each worker it
 spawns, so a worker's lines look like the supervisor's.
 
-Python warnings (Pillow's "Corrupt EXIF data", numpy's, FastAPI's) are routed through logging
-(logger ``py.warnings``, level WARNING) wherever this configuration is applied, so in JSON mode
-they are JSON lines too, not the multi-line text :mod:`warnings` writes to stderr.
+Python warnings (numpy's, FastAPI's) are routed through logging (logger ``py.warnings``, level
+WARNING) wherever this configuration is applied, so in JSON mode they are JSON lines too, not the
+multi-line text :mod:`warnings` writes to stderr. Pillow's own records and warnings ("Corrupt EXIF
+data", "More samples per pixel than can be decoded") describe a client's file, which its answer
+already names (a 4xx, or a 200 when the image decoded anyway): they are written at DEBUG, shown
+only with ``PATCHSERVE_LOG_LEVEL=debug``, so that a bad upload cannot set off an operator's
+alerts on ERROR lines (:class:`ClientFiles`).
 
 The per-request line (logger :data:`ACCESS_LOGGER`) is written by
 :class:`service.http.middleware.access_log.AccessLogMiddleware`.
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from typing import Any
 
@@ -42,17 +47,39 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(document, default=str)
 
 
-def capture_warnings() -> logging.Filter:
+_PIL_SOURCE = f"{os.sep}PIL{os.sep}"  # in a warning's text: the file of Pillow that warned
+
+
+class ClientFiles(logging.Filter):
+    """Pillow's records (logger ``PIL.*``) and its warnings (``py.warnings`` from a ``PIL/`` file), at DEBUG.
+
+    Args:
+        level: the configured level's name ("INFO"); a record moved to DEBUG is dropped above it.
+    """
+
+    def __init__(self, level: str) -> None:
+        super().__init__()
+        self.level = logging.getLevelNamesMapping()[level]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        name = record.name
+        if name == "PIL" or name.startswith("PIL.") or (name == "py.warnings" and _PIL_SOURCE in record.getMessage()):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return self.level <= logging.DEBUG
+        return True
+
+
+def capture_warnings(level: str = "INFO") -> logging.Filter:
     """Route :mod:`warnings` through logging; a filter factory, so that ``dictConfig`` calls it.
 
     uvicorn applies :func:`log_config` in the supervisor and in every worker it spawns, each a
     fresh interpreter: configuring the handler's filter is what reaches every process.
 
     Returns:
-        A filter that lets every record through.
+        :class:`ClientFiles` for ``level``, the configured level's name.
     """
     logging.captureWarnings(True)
-    return logging.Filter()
+    return ClientFiles(level)
 
 
 def log_config(level: str, fmt: str) -> dict[str, Any]:
@@ -65,7 +92,7 @@ def log_config(level: str, fmt: str) -> dict[str, Any]:
             "text": {"format": "%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s"},
             "json": {"()": JsonFormatter},
         },
-        "filters": {"warnings": {"()": capture_warnings}},
+        "filters": {"warnings": {"()": capture_warnings, "level": level}},
         "handlers": {
             "stderr": {
                 "class": "logging.StreamHandler",

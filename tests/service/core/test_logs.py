@@ -107,3 +107,26 @@ def test_python_warnings_are_json_lines_in_json_mode() -> None:
     documents = [json.loads(line) for line in lines]  # every line one JSON object
     (warning,) = [d for d in documents if d["logger"] == "py.warnings"]
     assert warning["level"] == "warning" and "UserWarning: Corrupt EXIF data" in warning["message"]
+
+
+@pytest.mark.parametrize(("level", "shown"), [("info", False), ("debug", True)])
+def test_pillow_on_a_clients_file_is_debug_not_error(level: str, shown: bool) -> None:
+    # A TIFF with 161 samples per pixel logged "ERROR PIL.TiffImagePlugin ..." and corrupt EXIF a
+    # py.warnings WARNING, for a file the client was already answered about (a tester, 2026-12-07).
+    script = (
+        "import logging, logging.config, warnings\n"
+        "from service.core.logs import log_config\n"
+        f"logging.config.dictConfig(log_config({level!r}, 'json'))\n"
+        "logging.getLogger('PIL.TiffImagePlugin').error('More samples per pixel than can be decoded: 161')\n"
+        "warnings.warn_explicit('Corrupt EXIF data', UserWarning, '/x/site-packages/PIL/TiffImagePlugin.py', 982)\n"
+        "warnings.warn('ours', UserWarning)\n"
+        "logging.getLogger('service').error('a fault of ours')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True)
+    documents = [json.loads(line) for line in done.stderr.splitlines()]
+    pillow = [d for d in documents if "PIL" in d["logger"] or "PIL" in d["message"]]
+    assert [d["level"] for d in pillow] == (["debug", "debug"] if shown else [])
+    assert {(d["logger"], d["level"]) for d in documents if d not in pillow} == {
+        ("py.warnings", "warning"),
+        ("service", "error"),
+    }
