@@ -11,18 +11,23 @@ IDENTITY = ("", "identity")  # no header, an empty one, or "identity": the body 
 SHOWN_CHARACTERS = 40  # of an unsupported coding, quoted back in an error message
 
 
-def content_coding(header: str | None) -> str | None:
+def content_coding(header: str | list[str] | None) -> str | None:
     """The coding named by a ``Content-Encoding`` header value, lowercased, or ``None`` for none.
 
     Args:
-        header: the header's value as received (``None`` when absent).
+        header: the header's value as received (``None`` when absent), or every value of a request
+            that sent the header more than once (``request.headers.getlist``), read as one list
+            joined by commas, as RFC 9110, Sec. 5.3 combines them: ``identity`` then ``gzip`` is
+            ``"identity, gzip"``, not the first alone. Empty list elements are ignored (RFC 9110,
+            Sec. 5.6.1): ``"gzip, "`` is ``"gzip"``.
 
     Returns:
         ``None`` when the body is not encoded (no header, an empty value or ``identity``), else the
         stripped, lowercased coding, e.g. ``"gzip"``; a list such as ``"gzip, br"`` is returned
         whole, for the caller to refuse.
     """
-    coding = (header or "").strip().lower()
+    text = ", ".join(header) if isinstance(header, list) else header or ""
+    coding = ", ".join(e for e in (e.strip().lower() for e in text.split(",")) if e)  # empty elements ignored
     return None if coding in IDENTITY else coding
 
 

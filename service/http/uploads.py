@@ -345,18 +345,20 @@ async def read_images(
 
     Raises:
         BadRequest: empty body, malformed multipart or JSON, no image, too many images or
-            parts, a URL instead of a file (400).
+            parts, a URL instead of a file, more than one Content-Type header (400).
         PayloadTooLarge: body over ``max_body_bytes`` (413).
         UnsupportedMediaType: a content type that is not an image, multipart, JSON or
             octet-stream, or a ``Content-Encoding`` other than identity (415).
     """
-    encoding = content_coding(request.headers.get("content-encoding"))
+    encoding = content_coding(request.headers.getlist("content-encoding"))
     if encoding is not None:
         # Image files are compressed already; a body decoded as if it were not would be a wrong answer.
         raise UnsupportedMediaType(
             f"Content-Encoding {shown(encoding)} is not accepted on /v1: send the image files as they are "
             "(the Open Inference Protocol's /v2 routes take gzip and deflate tensors)"
         )
+    if len(types := request.headers.getlist("content-type")) > 1:  # the first alone was read, without a word
+        raise BadRequest(f"the request has {len(types)} Content-Type headers; send one")
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
     accepted = media_type in ("multipart/form-data", "application/json", *RAW_TYPES) or media_type.startswith("image/")

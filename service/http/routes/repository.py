@@ -49,7 +49,7 @@ EMPTY_SCHEMA: dict[str, Any] = {"type": "object"}
 
 async def _read_body(request: Request, state: State) -> bytes:
     """The request's body, at most the body cap; a compressed one is refused (415), never read as JSON."""
-    encoding = content_coding(request.headers.get("content-encoding"))
+    encoding = content_coding(request.headers.getlist("content-encoding"))
     if encoding is not None:
         raise UnsupportedMediaType(
             f"Content-Encoding {shown(encoding)}: the repository API takes its small JSON bodies as they "

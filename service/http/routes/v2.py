@@ -295,7 +295,7 @@ async def _parsed(
         ProblemError: :func:`inflate`'s and :func:`parse_infer_request`'s errors.
     """
     settings, clock = state.settings, model.batcher.clock
-    encoding = content_coding(request.headers.get("content-encoding"))
+    encoding = content_coding(request.headers.getlist("content-encoding"))
     if encoding is not None:
         future, job = in_pool(state.decode_pool, inflate, body, encoding, settings.max_body_bytes)
         body = await unless_disconnected(

@@ -23,3 +23,11 @@ def test_a_long_coding_is_cut_when_shown() -> None:
     coding = content_coding("x" * 10_000)
     assert coding is not None
     assert shown(coding) == repr("x" * SHOWN_CHARACTERS)
+
+
+def test_a_header_sent_twice_is_one_list() -> None:
+    """RFC 9110, Sec. 5.3: field lines of one name combine into one comma-separated list."""
+    assert content_coding([]) is None and content_coding(["identity"]) is None
+    assert content_coding(["identity", "gzip"]) == "identity, gzip"  # refused as a list, not read as "identity"
+    assert content_coding(["GZIP"]) == "gzip"
+    assert content_coding(["identity", ""]) is None and content_coding("gzip, ,") == "gzip"  # empty elements ignored

@@ -275,6 +275,23 @@ async def test_v1_refuses_a_content_encoding_instead_of_reading_it_as_plain(enco
     assert plain.status_code == 200
 
 
+async def test_repeated_content_encoding_or_content_type_headers_are_not_read_first_only() -> None:
+    # Found by a tester: "Content-Encoding: identity" then "Content-Encoding: gzip" was read as the
+    # first alone (200 for a body declared gzip); a second Content-Type was ignored the same way.
+    image = [("content-type", "image/png")]
+    async with running_app() as client:
+        encoded = await client.post(
+            CLASSIFY, content=DIGIT_7, headers=[*image, ("content-encoding", "identity"), ("content-encoding", "gzip")]
+        )
+        typed = await client.post(CLASSIFY, content=DIGIT_7, headers=[*image, ("content-type", "application/json")])
+        identity = await client.post(
+            CLASSIFY, content=DIGIT_7, headers=[*image, ("content-encoding", "identity"), ("content-encoding", "")]
+        )
+    assert_problem(encoded, 415, "Content-Encoding 'identity, gzip' is not accepted on /v1")  # as one header's list
+    assert_problem(typed, 400, "the request has 2 Content-Type headers; send one")
+    assert identity.status_code == 200  # "identity, ": an empty list element is ignored (RFC 9110, Sec. 5.6.1)
+
+
 async def test_json_images_may_be_wrapped_base64_but_other_characters_are_refused() -> None:
     # Found by a fresh user: the base64 command's and base64.encodebytes' 76-character lines were a 400.
     wrapped = base64.encodebytes(DIGIT_7).decode()  # "...\n" every 76 characters, as `base64` writes

@@ -176,6 +176,18 @@ async def test_per_output_binary_flag_and_gzip_request_body() -> None:
     assert gzipped.json() == deflated.json() == json_out.json()
 
 
+async def test_a_content_encoding_sent_twice_is_read_as_one_list() -> None:
+    # Found by a tester: "identity" then "gzip" was read as "identity", and the gzip bytes as JSON (400).
+    body = gzip.compress(orjson.dumps(json_request(digit_tensor(DIGIT_7))))
+    async with running_app() as client:
+        twice = await client.post(
+            INFER, content=body, headers=[("content-encoding", "identity"), ("content-encoding", "gzip")]
+        )
+        listed = await client.post(INFER, content=body, headers={"Content-Encoding": "identity, gzip"})
+    assert twice.status_code == listed.status_code == 415
+    assert twice.json() == listed.json() and "identity, gzip" in twice.json()["error"]
+
+
 async def test_a_gzip_body_of_several_members_is_whole_and_bytes_after_a_stream_are_refused() -> None:
     # Found by a fresh user: a body of two gzip members (RFC 1952, Sec. 2.2) was cut after the first
     # (400, "not valid JSON"), and garbage after a gzip or deflate stream was silently dropped (200).
