@@ -120,6 +120,12 @@ class HeaderFieldsTooLarge(ProblemError):
     outcome = "client_error"
 
 
+class NotImplementedMethod(ProblemError):
+    """A method the HTTP parser does not know (RFC 9110, Sec. 9.1), answered by :mod:`service.process.connections`."""
+
+    status, title, slug, outcome = 501, "Not implemented", "not-implemented", "client_error"
+
+
 class PayloadTooLarge(ProblemError):
     status, title, slug, outcome = 413, "Payload too large", "payload-too-large", "client_error"
 

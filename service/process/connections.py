@@ -51,7 +51,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.core.errors import HeaderFieldsTooLarge, HeaderTimeout, ProblemError
+from service.core.errors import BadRequest, HeaderFieldsTooLarge, HeaderTimeout, NotImplementedMethod, ProblemError
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class _StoppableParser:
 
     def __init__(self, parser: httptools.HttpRequestParser) -> None:
         self._parser = parser
+        self.error: httptools.HttpParserError | None = None  # why the bytes were not HTTP (uvicorn's 400)
 
     def feed_data(self, data: bytes) -> None:
         try:
@@ -80,6 +81,9 @@ class _StoppableParser:
         except httptools.HttpParserCallbackError as exc:
             if not isinstance(exc.__context__, _StopParsing):
                 raise
+        except httptools.HttpParserError as exc:  # uvicorn answers it 400 (send_400_response), with its words
+            self.error = exc
+            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._parser, name)
@@ -98,6 +102,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_bytes: int | None = None  # bytes of them counted so far (None: in the chunk it began)
         self._header_timer: asyncio.TimerHandle | None = None
         self._completed = False  # a request ended in the read being parsed
+        self._sized = False  # the last request that ended had a Content-Length
         self._in_message = False  # between a request's first byte and its end (its body included)
         self._chunk_empty = False  # past a chunk's size line, no data of it yet: the last chunk's trailers come here
         self._body_in_read = False  # body data came in the read being parsed
@@ -226,6 +231,31 @@ class BoundedProtocol(HttpToolsProtocol):
         self.transport.close()
         self._abort_if_unsent()
 
+    def send_400_response(self, msg: str) -> None:
+        """Bytes httptools cannot parse: a problem (uvicorn wrote plain text), after the requests before them.
+
+        A pipelined request that was read whole before the malformed one is answered first, as one
+        with too large headers is (uvicorn answered the 400 at once and closed: the requests before
+        it got nothing). An unknown method is a 501 (RFC 9110, Sec. 9.1).
+        """
+        error = getattr(self.parser, "error", None)
+        reason = str(error).rstrip(".").lower() if error is not None else msg
+        refusal: ProblemError = BadRequest(f"the request is not valid HTTP/1.1: {reason} (RFC 9112)")
+        if isinstance(error, httptools.HttpParserInvalidMethodError):
+            after = (  # a request with a body ended in this read: its body may have run past its Content-Length
+                "; if the request before it sent more body than its Content-Length said, the rest was read as this"
+                if self._completed and self._sized
+                else ""
+            )
+            refusal = NotImplementedMethod(
+                f"the request's method is not one this server knows (RFC 9110, Sec. 9){after}"
+            )
+        log.info("client %s sent a request that is not valid HTTP/1.1: %s", self.client, reason)
+        if self._in_flight() and not self.cycle.more_body:  # a complete request runs, or waits its turn
+            self._parsing_stopped, self._refusal = True, refusal
+        else:
+            self._refuse(refusal)
+
     def _too_large(self, limit: int) -> None:
         """Refuse the request whose headers pass ``limit`` bytes: 431 now, or once those before it are answered."""
         log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
@@ -263,6 +293,7 @@ class BoundedProtocol(HttpToolsProtocol):
     def on_message_complete(self) -> None:
         super().on_message_complete()
         self._completed, self._in_message, self._chunk_empty = True, False, False
+        self._sized = any(name == b"content-length" for name, _ in self.headers)  # (uvicorn's names: lower case)
         if len(self.pipeline) >= MAX_PIPELINED and not self._parsing_stopped:
             self._parsing_stopped = True
             self.cycle.keep_alive = False  # the request just queued is the last answered: Connection: close

@@ -126,10 +126,74 @@ async def test_a_chunk_of_many_pipelined_requests_is_parsed_up_to_the_bound_and_
     assert transport.closed and not made.pipeline
 
 
-async def test_a_malformed_request_is_still_answered_400() -> None:
+def problems(transport: Transport) -> list[tuple[int, str, dict]]:
+    """Each response written: its status, its content type and its JSON body (``{}`` when not JSON)."""
+    answers = []
+    for response in transport.written.split(b"HTTP/1.1 ")[1:]:
+        head, _, body = response.partition(b"\r\n\r\n")
+        fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
+        media = fields.get(b"content-type", b"").decode()
+        answers.append((int(head[:3]), media, json.loads(body) if "json" in media else {}))
+    return answers
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "status", "detail"),
+    [
+        (b"NOT HTTP AT ALL\r\n\r\n", 501, "method is not one this server knows"),
+        (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", 400, "not valid HTTP/1.1: invalid header token"),
+        (b"GET /a\x00b HTTP/1.1\r\n\r\n", 400, "not valid HTTP/1.1: invalid char in url path"),
+    ],
+)
+async def test_a_malformed_request_is_answered_with_a_problem_and_the_connection_closes(
+    request_bytes: bytes, status: int, detail: str
+) -> None:
+    # uvicorn answered these "400 text/plain Invalid HTTP request received." (a tester's finding)
     made, transport = protocol()
-    made.data_received(b"NOT HTTP AT ALL\r\n\r\n")
-    assert transport.written.startswith(b"HTTP/1.1 400") and transport.closed
+    made.data_received(request_bytes)
+    [(answered_status, media, problem)] = problems(transport)
+    assert (answered_status, media, problem["status"]) == (status, "application/problem+json", status)
+    assert detail in problem["detail"] and transport.closed
+
+
+async def test_a_v2_request_that_is_not_http_gets_its_error_as_v2_writes_them() -> None:
+    made, transport = protocol()
+    made.data_received(b"POST /v2/models/m/infer HTTP/1.1\r\nHost x\r\n\r\n")
+    [(status, media, body)] = problems(transport)
+    assert (status, media) == (400, "application/json") and "invalid header token" in body["error"]
+
+
+async def test_pipelined_requests_before_a_malformed_one_are_answered_first() -> None:
+    # uvicorn answered the 400 at once and closed: the two valid requests read before it got nothing
+    made, transport = protocol()
+    gate = gated(made)
+    made.data_received(GET + GET + b"GARBAGE\r\n\r\n")
+    assert transport.written == b"" and not transport.closed  # the first is still running
+    gate.set()
+    await closed(transport)
+    assert [(status, problem.get("status")) for status, _, problem in problems(transport)] == [
+        (200, None),
+        (200, None),
+        (501, 501),
+    ]
+    assert "Content-Length" not in problems(transport)[-1][2]["detail"]  # no body before it ran long
+
+
+async def test_a_body_longer_than_its_content_length_answers_the_request_then_says_so() -> None:
+    made, transport = protocol()
+    made.data_received(b"POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\n12345\x89PNG\r\n\x1a\n more bytes")
+    await closed(transport)
+    [(first, _, _), (second, _, problem)] = problems(transport)
+    assert (first, second) == (200, 501) and "more body than its Content-Length said" in problem["detail"]
+
+
+async def test_a_malformed_chunked_body_is_refused_at_once_not_after_its_request() -> None:
+    # its request cannot end (its body is broken): waiting for its answer would wait for ever
+    made, transport = protocol()
+    gated(made)  # never set: the request's answer would never come
+    made.data_received(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
+    [(status, _, problem)] = problems(transport)
+    assert status == 400 and "not valid HTTP/1.1" in problem["detail"] and transport.closed
 
 
 async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes() -> None:

@@ -212,15 +212,17 @@ def test_pipelined_requests_past_the_bound_are_never_parsed_and_cost_no_memory()
     assert growth < 20 * 2**20  # 4 x 25 MB before the bound
 
 
+def read_all(sock: socket.socket) -> bytes:
+    """What the server sends on ``sock`` until it closes the connection."""
+    received = b""
+    while chunk := sock.recv(1 << 16):
+        received += chunk
+    return received
+
+
 def test_huge_slow_or_absent_request_headers_are_refused_and_the_server_serves_on() -> None:
     # uvicorn with httptools bounded neither: a client could send megabytes of headers, trickle them
     # for ever (slowloris), or connect and send nothing, and hold the connection.
-    def read_all(sock: socket.socket) -> bytes:
-        received = b""
-        while chunk := sock.recv(1 << 16):  # until the server closes the connection
-            received += chunk
-        return received
-
     env = {"PATCHSERVE_HEADER_TIMEOUT": "1", "PATCHSERVE_KEEP_ALIVE_TIMEOUT": "1"}
     with server_process(env=env) as (url, process):
         port = int(url.rsplit(":", 1)[1])
@@ -314,3 +316,22 @@ def test_a_client_that_writes_a_body_over_the_cap_first_reads_the_413_not_a_rese
     head, _, problem = response.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413"), head
     assert b"the limit is 4194304" in problem
+
+
+def test_requests_before_bytes_that_are_not_http_are_answered_then_a_problem_says_why() -> None:
+    # A tester's: two pipelined GETs and "GARBAGE" in one packet got only uvicorn's plain-text 400.
+    get = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    with server_process() as (url, _):
+        port = int(url.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(get + get + b"GARBAGE\r\n\r\n")
+            pipelined = read_all(sock)
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+            sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab")
+            twice = read_all(sock)
+        alive = httpx.get(url + "/healthz")
+    responses = pipelined.split(b"HTTP/1.1 ")[1:]
+    assert [r[:3] for r in responses] == [b"200", b"200", b"501"]
+    assert b"application/problem+json" in responses[2] and b"connection: close" in responses[2]
+    assert twice.startswith(b"HTTP/1.1 400") and b"duplicate content-length" in twice
+    assert alive.status_code == 200
