@@ -261,6 +261,12 @@ class ModelRepository:
             return versions[max(versions)]
         if not VERSION_PATTERN.fullmatch(version) or int(version) not in versions:
             shown = version if len(version) <= 40 else version[:40] + f"... ({len(version)} characters)"
+            if VERSION_PATTERN.fullmatch(version) and (self.root / name / str(int(version)) / "model.onnx").is_file():
+                raise ModelNotFound(  # (a folder of the repository that this worker does not route)
+                    f"model {name!r} version {int(version)} is in the repository but not served: the model's "
+                    "version_policy (its config.json) leaves it out, or it failed to load (listed under not_serving) "
+                    f"or is still loading; GET /v1/models/{name} shows which. Served: {sorted(versions)}"
+                )
             raise ModelNotFound(f"model {name!r} has no version {shown!r}; it has {sorted(versions)}")
         return versions[int(version)]
 

@@ -497,3 +497,16 @@ async def test_a_load_overtaken_by_an_unload_says_so(repository: Path) -> None:
         assert unloaded.status_code == 200
         assert loaded.status_code == 400 and "an unload of it came in while it loaded" in loaded.json()["error"]
         assert (await client.post(LOAD)).status_code == 200 and (await classify(client)).status_code == 200
+
+
+async def test_a_version_in_the_repository_that_is_not_served_is_named_so(repository: Path) -> None:
+    # A tester's: ?version=2 said "has no version '2'" while model_repository/<name>/2/ was right there.
+    publish(repository, "vit-digits", 2, kind="copy")
+    (repository / "vit-digits" / "config.json").write_text('{"version_policy": {"specific": {"versions": [1]}}}')
+    async with running_app(model_repository=repository) as client:
+        left_out = await client.post(CLASSIFY + "?version=2", files={"image": DIGIT_7.read_bytes()})
+        absent = await client.post(CLASSIFY + "?version=3", files={"image": DIGIT_7.read_bytes()})
+    assert left_out.status_code == absent.status_code == 404
+    assert "version 2 is in the repository but not served" in left_out.json()["detail"]
+    assert "version_policy" in left_out.json()["detail"] and "Served: [1]" in left_out.json()["detail"]
+    assert "has no version '3'; it has [1]" in absent.json()["detail"]
