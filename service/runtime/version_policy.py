@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONFIG_FILE = "config.json"
 Folder = TypeVar("Folder")
@@ -45,6 +45,11 @@ class All(_Strict):
 
 class Specific(_Strict):
     versions: list[int] = Field(min_length=1, description="The versions served (each one that exists).")
+
+    @field_validator("versions")
+    @classmethod
+    def _once_each(cls, versions: list[int]) -> list[int]:
+        return list(dict.fromkeys(versions))  # [1, 1, 3] is [1, 3], as shown back in GET /v1/models
 
 
 class VersionPolicy(_Strict):
@@ -93,11 +98,16 @@ class ConfigError(Exception):
     """A ``config.json`` (or a load request's config) that is not valid, naming the file and field."""
 
 
-def parse_config(text: str, source: str) -> ModelConfig:
+def parse_config(text: str, source: str, *, only_policy: bool = False) -> ModelConfig:
     """A model config from JSON text.
 
+    Args:
+        only_policy: refuse keys other than ``version_policy`` (a load request's config: Triton
+            would apply them, this server would not); a ``config.json`` may hold Triton's others.
+
     Raises:
-        ConfigError: not JSON, not an object, or an invalid ``version_policy`` (the message names ``source``).
+        ConfigError: not JSON, not an object, an invalid ``version_policy``, or with ``only_policy``
+            another key (the message names ``source``).
     """
     try:
         data = json.loads(text)
@@ -105,6 +115,11 @@ def parse_config(text: str, source: str) -> ModelConfig:
         raise ConfigError(f"{source}: not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f'{source}: must be a JSON object such as {{"version_policy": {{"all": {{}}}}}}')
+    if only_policy and (others := sorted(set(data) - {"version_policy"})):
+        raise ConfigError(
+            f"{source}: {', '.join(map(repr, others))} would be ignored: of a model configuration this server "
+            "reads only version_policy (batching and the rest come from each version's model.json)"
+        )
     try:
         return ModelConfig.model_validate(data)
     except ValidationError as exc:

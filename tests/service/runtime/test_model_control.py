@@ -275,6 +275,23 @@ async def test_a_refused_load_with_a_version_policy_leaves_serving_as_it_was(rep
         assert ready == [{"name": "vit-digits", "version": "1", "state": "READY", "reason": ""}]
 
 
+async def test_a_load_config_with_keys_this_server_ignores_is_refused(repository: Path) -> None:
+    # A tester's: {"max_batch_size": 0} or {"name": "other"} in a load's config got 200 and did nothing.
+    def load(config: dict) -> dict:
+        return {"parameters": {"config": json.dumps(config)}}
+
+    async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
+        for config in ({"max_batch_size": 0}, {"name": "other", "version_policy": {"all": {}}}):
+            refused = await client.post(LOAD, json=load(config))
+            assert refused.status_code == 400 and "would be ignored" in refused.json()["error"]
+            assert "reads only version_policy" in refused.json()["error"]
+        assert (await classify(client)).json()["version"] == "1"  # what serves is unchanged
+        repeated = await client.post(LOAD, json=load({"version_policy": {"specific": {"versions": [1, 1, 1]}}}))
+        assert repeated.status_code == 200
+        [model] = (await client.get("/v1/models")).json()["models"]
+        assert model["version_policy"] == {"specific": {"versions": [1]}}  # shown once each
+
+
 async def test_polling_publishes_and_removing_a_folder_retires(repository: Path) -> None:
     async with running_app(
         make_settings(model_control_api=True, model_repository=repository, repository_poll_seconds=0.05)
