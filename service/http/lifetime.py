@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.types import Receive
 
 from service.core.errors import ClientDisconnected, DeadlineExceeded, ProblemError
+from service.core.numbers import QueryFloat
 from service.http.problems import request_id
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ def hold_more_body(request: Request, size: int) -> None:
 async def requested_timeout(  # async: a plain def dependency would run in FastAPI's thread pool
     request: Request,
     timeout: Annotated[
-        float | None,
+        QueryFloat | None,
         Query(
             gt=0,
             allow_inf_nan=False,
@@ -67,7 +68,7 @@ async def requested_timeout(  # async: a plain def dependency would run in FastA
         ),
     ] = None,
     x_request_timeout: Annotated[
-        float | None,
+        QueryFloat | None,
         Header(gt=0, allow_inf_nan=False, description=f"The same as `timeout`, as a header ({TIMEOUT_HEADER})."),
     ] = None,
 ) -> None:
@@ -85,7 +86,7 @@ async def requested_timeout(  # async: a plain def dependency would run in FastA
 def _timeout_header(value: str) -> float:
     """A further ``X-Request-Timeout`` value, checked as FastAPI checks the first (a 422 when it is not > 0)."""
     try:
-        seconds = float(value)
+        seconds = float(value) if "_" not in value else math.nan  # as QueryFloat: 1_0 is not 10
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):

@@ -13,6 +13,7 @@ import numpy as np
 from pydantic import BaseModel, Field
 
 from service.core.errors import InvalidParameter
+from service.core.numbers import QueryInt
 from service.imaging import attention
 from service.imaging.postprocess import softmax
 from service.tasks.base import BaseTask, decoded, output, outputs, register, result_schema
@@ -46,7 +47,7 @@ def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str
 class ClassifyParams(BaseModel):
     """``classify``'s query parameters."""
 
-    top_k: int = Field(5, ge=1, description="How many classes to return; clamped to the label count")
+    top_k: QueryInt = Field(5, ge=1, description="How many classes to return; clamped to the label count")
     render: Literal["json", "png"] | None = Field(
         None,
         description="png: the attention-rollout heat map over the image (a ViT with attention maps; one image)",

@@ -23,6 +23,7 @@ import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from service.core.numbers import QueryFloat, QueryInt
 from service.imaging import resize
 from service.imaging.render import bounded_font_size, displayed_canvas, png_bytes, scale_of
 from service.tasks.base import BaseTask, decoded, options, output, register, result_schema
@@ -170,8 +171,10 @@ DEFAULT_THRESHOLD = 0.5  # detect's default lowest score; the manifest's set-qua
 class DetectParams(BaseModel):
     """``detect``'s query parameters."""
 
-    threshold: float = Field(DEFAULT_THRESHOLD, ge=0, le=1, allow_inf_nan=False, description="Lowest score returned")
-    max_detections: int = Field(
+    threshold: QueryFloat = Field(
+        DEFAULT_THRESHOLD, ge=0, le=1, allow_inf_nan=False, description="Lowest score returned"
+    )
+    max_detections: QueryInt = Field(
         100, ge=1, description="Most detections returned, best first; clamped to the number of queries"
     )
     render: Literal["json", "png"] | None = Field(

@@ -76,7 +76,7 @@ async def test_top_k_is_clamped_above_the_label_count() -> None:
     assert sum(p["score"] for p in predictions) == pytest.approx(1.0, abs=1e-5)
 
 
-@pytest.mark.parametrize("top_k", ["0", "-1", "abc", "1.5", ""])
+@pytest.mark.parametrize("top_k", ["0", "-1", "abc", "1.5", "", "1_0"])
 async def test_top_k_not_an_integer_at_least_1_is_422(top_k: str) -> None:
     async with running_app() as client:
         response = await client.post(CLASSIFY + f"?top_k={top_k}", files={"image": DIGIT_7})

@@ -88,12 +88,15 @@ async def test_threshold_and_max_detections() -> None:
 
 async def test_bad_parameters_are_422() -> None:
     queries = ["threshold=1.5", "threshold=-0.1", "threshold=nan", "threshold=abc", "max_detections=0", "render=gif"]
+    queries += ["threshold=0_5", "max_detections=1_0"]  # Python's digit grouping: no client means it in a URL
     async with running_app() as client:
         for query in queries:
             response = await client.post(f"{DETECT}?{query}", files={"image": CANVAS})
             assert_problem(response, 422, query.split("=")[0])
         nan = await client.post(f"{DETECT}?threshold=nan", files={"image": CANVAS})
         assert "finite number" in nan.json()["detail"]  # not "should be less than or equal to 1"
+        grouped = await client.post(f"{DETECT}?max_detections=1_0", files={"image": CANVAS})
+        assert "without underscores" in grouped.json()["detail"]
 
 
 async def test_render_png_draws_the_returned_boxes() -> None:
