@@ -32,6 +32,11 @@
   known), so it may pass the limit by one read before its 431. A chunked body's trailer fields are
   held to the same size (httptools copies a long one whole at every read): past it the connection
   is aborted.
+* **Bytes that are not HTTP/1.1.** uvicorn answered them ``400 text/plain`` at once and closed,
+  so pipelined requests read whole before them got nothing. They get a problem (``{"error"}`` on
+  ``/v2``) with httptools' reason, once the requests before them are answered (a queued request
+  whose own chunked body broke is dropped unrun); a request line with a method token this server
+  does not know is a 501 (RFC 9110, Sec. 9.1).
 * **Closing with unsent bytes.** A connection closed (keep-alive timeout, ``Connection: close``, a
   refusal) while its client has not read all of it is aborted after ``send_timeout``, also when
   fewer bytes than the transport's high-water mark wait, where writing never paused.
@@ -45,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 from http import HTTPStatus
 from typing import Any
 
@@ -57,6 +63,7 @@ log = logging.getLogger(__name__)
 
 PROTOCOL = "service.process.connections:BoundedProtocol"  # uvicorn's ``http`` setting (importable by workers)
 MAX_PIPELINED = 32  # requests a connection may queue behind the one running (each ~1.2 KB and its body)
+_METHOD_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ \r\n]+ HTTP/")  # a token, a target, a version
 
 
 class _StopParsing(Exception):
@@ -90,7 +97,7 @@ class _StoppableParser:
 
 
 class BoundedProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a send timeout and bounds on pipelining and on request headers."""
+    """uvicorn's httptools protocol with a send timeout, bounds on pipelining and on request headers, and problems."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -103,6 +110,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._completed = False  # a request ended in the read being parsed
         self._sized = False  # the last request that ended had a Content-Length
+        self._read = b""  # the read being parsed, when no request had begun before it (its request line)
         self._in_message = False  # between a request's first byte and its end (its body included)
         self._chunk_empty = False  # past a chunk's size line, no data of it yet: the last chunk's trailers come here
         self._body_in_read = False  # body data came in the read being parsed
@@ -234,27 +242,40 @@ class BoundedProtocol(HttpToolsProtocol):
     def send_400_response(self, msg: str) -> None:
         """Bytes httptools cannot parse: a problem (uvicorn wrote plain text), after the requests before them.
 
-        A pipelined request that was read whole before the malformed one is answered first, as one
-        with too large headers is (uvicorn answered the 400 at once and closed: the requests before
-        it got nothing). An unknown method is a 501 (RFC 9110, Sec. 9.1).
+        Requests read whole before the malformed bytes are answered first, as before a 431 (uvicorn
+        answered the 400 at once and closed: the requests before it got nothing); a queued request
+        whose own body is what broke is dropped unrun (run, it would wait for a body that never
+        comes). A request line of a method token this server does not know (``FOO / HTTP/1.1``) is a
+        501 (RFC 9110, Sec. 9.1); other bytes (a TLS handshake, binary) are a 400.
         """
-        error = getattr(self.parser, "error", None)
-        reason = str(error).rstrip(".").lower() if error is not None else msg
-        refusal: ProblemError = BadRequest(f"the request is not valid HTTP/1.1: {reason} (RFC 9112)")
-        if isinstance(error, httptools.HttpParserInvalidMethodError):
-            after = (  # a request with a body ended in this read: its body may have run past its Content-Length
-                "; if the request before it sent more body than its Content-Length said, the rest was read as this"
-                if self._completed and self._sized
-                else ""
-            )
-            refusal = NotImplementedMethod(
-                f"the request's method is not one this server knows (RFC 9110, Sec. 9){after}"
-            )
-        log.info("client %s sent a request that is not valid HTTP/1.1: %s", self.client, reason)
+        refusal = self._parse_refusal(msg)
+        cycle = self.cycle
+        if cycle is not None and cycle.more_body and cycle is not self._running:  # queued, its body broken
+            self.pipeline = type(self.pipeline)(entry for entry in self.pipeline if entry[0] is not cycle)
+            self.cycle = self.pipeline[0][0] if self.pipeline else self._running  # (appendleft: [0] is the last)
         if self._in_flight() and not self.cycle.more_body:  # a complete request runs, or waits its turn
             self._parsing_stopped, self._refusal = True, refusal
         else:
             self._refuse(refusal)
+
+    def _parse_refusal(self, msg: str) -> ProblemError:
+        """The 400 (or 501) of the read httptools refused, with its reason; ``msg`` is uvicorn's words."""
+        error = getattr(self.parser, "error", None)
+        reason = str(error).rstrip(".").lower() if error is not None else "a request line or header cannot be read"
+        if "pri/upgrade" in reason:  # "PRI * HTTP/2.0": HTTP/2 with prior knowledge
+            reason = "it begins as HTTP/2 does (this port speaks HTTP/1.1)"
+        overrun = (  # a request with a Content-Length ended in this read: its body may have run past it
+            "; if the request before it sent more body than its Content-Length said, the rest was read as a request"
+            if self._completed and self._sized
+            else ""
+        )
+        log.info("client %s sent a request that is not valid HTTP/1.1: %s", self.client, reason)
+        method = isinstance(error, httptools.HttpParserInvalidMethodError)
+        if method and not self._completed and _METHOD_LINE.match(self._read.lstrip()):  # (its line began the read)
+            return NotImplementedMethod(
+                f"the request's method is not one this server knows (RFC 9110, Sec. 9){overrun}"
+            )
+        return BadRequest(f"the request is not valid HTTP/1.1: {reason} (RFC 9112){overrun}")
 
     def _too_large(self, limit: int) -> None:
         """Refuse the request whose headers pass ``limit`` bytes: 431 now, or once those before it are answered."""
@@ -268,6 +289,7 @@ class BoundedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._parsing_stopped:
             return  # dropped unparsed: the connection closes once the requests it queued are answered
+        self._read = b"" if self._in_message else data  # between requests: a request line may begin it
         counting = self._in_headers and self._header_bytes is not None
         trailing = self._chunk_empty  # the read starts among the last chunk's trailers, or before a chunk's data
         self._completed = self._body_in_read = False
