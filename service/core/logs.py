@@ -8,11 +8,14 @@ spawns, so a worker's lines look like the supervisor's.
 
 Python warnings (numpy's, FastAPI's) are routed through logging (logger ``py.warnings``, level
 WARNING) wherever this configuration is applied, so in JSON mode they are JSON lines too, not the
-multi-line text :mod:`warnings` writes to stderr. Pillow's own records and warnings ("Corrupt EXIF
-data", "More samples per pixel than can be decoded") describe a client's file, which its answer
-already names (a 4xx, or a 200 when the image decoded anyway): they are written at DEBUG, shown
-only with ``PATCHSERVE_LOG_LEVEL=debug``, so that a bad upload cannot set off an operator's
-alerts on ERROR lines (:class:`ClientFiles`).
+multi-line text :mod:`warnings` writes to stderr. What a client's bytes make libraries say is
+written at DEBUG, shown only with ``PATCHSERVE_LOG_LEVEL=debug``, so that a bad upload cannot set
+off an operator's alerts on ERROR or WARNING lines (:class:`ClientFaults`): Pillow's records and
+warnings in a decode thread ("Corrupt EXIF data", "More samples per pixel than can be decoded"),
+about a client's file that its answer already names (a 4xx, or a 200 when it decoded anyway), and
+uvicorn's "Invalid HTTP request received.", which the connection logs at INFO with the client and
+the reason (:mod:`service.process.connections`). Pillow's words elsewhere (a codec that failed to
+load at start, a font feature missing while a picture is drawn) keep their level.
 
 The per-request line (logger :data:`ACCESS_LOGGER`) is written by
 :class:`service.http.middleware.access_log.AccessLogMiddleware`.
@@ -48,13 +51,18 @@ class JsonFormatter(logging.Formatter):
 
 
 _PIL_SOURCE = f"{os.sep}PIL{os.sep}"  # in a warning's text: the file of Pillow that warned
+DECODE_THREADS = "decode"  # the decode pool's thread names begin so (service.http.app): they read clients' files
+_UNPARSED = "Invalid HTTP request received."  # uvicorn's warning for bytes httptools refused
 
 
-class ClientFiles(logging.Filter):
-    """Pillow's records (logger ``PIL.*``) and its warnings (``py.warnings`` from a ``PIL/`` file), at DEBUG.
+class ClientFaults(logging.Filter):
+    """What a client's bytes make libraries log, moved to DEBUG (and dropped above it).
+
+    Pillow's records (logger ``PIL.*``) and warnings (``py.warnings`` from a ``PIL/`` file) in a
+    thread named :data:`DECODE_THREADS`, and uvicorn's :data:`_UNPARSED` warning.
 
     Args:
-        level: the configured level's name ("INFO"); a record moved to DEBUG is dropped above it.
+        level: the configured level's name ("INFO").
     """
 
     def __init__(self, level: str) -> None:
@@ -63,7 +71,11 @@ class ClientFiles(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         name = record.name
-        if name == "PIL" or name.startswith("PIL.") or (name == "py.warnings" and _PIL_SOURCE in record.getMessage()):
+        pillow = (
+            name == "PIL" or name.startswith("PIL.") or (name == "py.warnings" and _PIL_SOURCE in record.getMessage())
+        )
+        unparsed = name == "uvicorn.error" and record.msg == _UNPARSED
+        if (pillow and (record.threadName or "").startswith(DECODE_THREADS)) or unparsed:
             record.levelno, record.levelname = logging.DEBUG, "DEBUG"
             return self.level <= logging.DEBUG
         return True
@@ -75,11 +87,14 @@ def capture_warnings(level: str = "INFO") -> logging.Filter:
     uvicorn applies :func:`log_config` in the supervisor and in every worker it spawns, each a
     fresh interpreter: configuring the handler's filter is what reaches every process.
 
+    Args:
+        level: the configured level's name ("INFO"), for :class:`ClientFaults`.
+
     Returns:
-        :class:`ClientFiles` for ``level``, the configured level's name.
+        :class:`ClientFaults` for ``level``.
     """
     logging.captureWarnings(True)
-    return ClientFiles(level)
+    return ClientFaults(level)
 
 
 def log_config(level: str, fmt: str) -> dict[str, Any]:

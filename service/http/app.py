@@ -22,6 +22,7 @@ from fastapi import FastAPI
 from service.batching.config import BatchingConfig
 from service.core import lifecycle
 from service.core.errors import RepositoryError
+from service.core.logs import DECODE_THREADS
 from service.core.memory import IdleTrim, malloc_trim
 from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
@@ -220,7 +221,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     decode_threads = threads.decode_threads
     state = ServerState(
         settings,
-        DecodePool(decode_threads, thread_name_prefix="decode"),
+        DecodePool(decode_threads, thread_name_prefix=DECODE_THREADS),  # (logs: Pillow's words there are DEBUG)
         ThreadPoolExecutor(1, thread_name_prefix="render"),  # one picture at a time, beside the decoders
         decode_parallelism=max(1, decode_threads // 2),  # one request never holds the whole pool
         threads=threads,
