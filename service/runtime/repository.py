@@ -264,8 +264,9 @@ class ModelRepository:
             if VERSION_PATTERN.fullmatch(version) and (self.root / name / str(int(version)) / "model.onnx").is_file():
                 raise ModelNotFound(  # (a folder of the repository that this worker does not route)
                     f"model {name!r} version {int(version)} is in the repository but not served: the model's "
-                    "version_policy (its config.json) leaves it out, or it failed to load (listed under not_serving) "
-                    f"or is still loading; GET /v1/models/{name} shows which. Served: {sorted(versions)}"
+                    "version_policy (its config.json, or one given with a load request) leaves it out, or it failed "
+                    f"to load (listed under not_serving) or is still loading; GET /v1/models/{name} shows which. "
+                    f"Served: {sorted(versions)}"
                 )
             raise ModelNotFound(f"model {name!r} has no version {shown!r}; it has {sorted(versions)}")
         return versions[int(version)]

@@ -98,15 +98,16 @@ class ConfigError(Exception):
     """A ``config.json`` (or a load request's config) that is not valid, naming the file and field."""
 
 
-def parse_config(text: str, source: str, *, only_policy: bool = False) -> ModelConfig:
+def parse_config(text: str, source: str, *, loading: str | None = None) -> ModelConfig:
     """A model config from JSON text.
 
     Args:
-        only_policy: refuse keys other than ``version_policy`` (a load request's config: Triton
-            would apply them, this server would not); a ``config.json`` may hold Triton's others.
+        loading: the model a load request's config is for: keys other than ``version_policy``
+            (and ``name``, when it is this model's) are refused, as Triton would apply them and this
+            server would not; None: a ``config.json``, which may hold Triton's other keys.
 
     Raises:
-        ConfigError: not JSON, not an object, an invalid ``version_policy``, or with ``only_policy``
+        ConfigError: not JSON, not an object, an invalid ``version_policy``, or, ``loading``,
             another key (the message names ``source``).
     """
     try:
@@ -115,7 +116,8 @@ def parse_config(text: str, source: str, *, only_policy: bool = False) -> ModelC
         raise ConfigError(f"{source}: not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f'{source}: must be a JSON object such as {{"version_policy": {{"all": {{}}}}}}')
-    if only_policy and (others := sorted(set(data) - {"version_policy"})):
+    same_name = {"name"} if data.get("name") == loading else set()  # Triton's configs name their model
+    if loading is not None and (others := sorted(set(data) - {"version_policy"} - same_name)):
         raise ConfigError(
             f"{source}: {', '.join(map(repr, others))} would be ignored: of a model configuration this server "
             "reads only version_policy (batching and the rest come from each version's model.json)"

@@ -134,7 +134,7 @@ async def load(name: str, request: Request, state: State) -> dict[str, Any]:
         if not isinstance(parameters["config"], str):
             raise BadRequest("parameters.config must be a string holding the model configuration as JSON")
         try:
-            policy = parse_config(parameters["config"], "parameters.config", only_policy=True).version_policy
+            policy = parse_config(parameters["config"], "parameters.config", loading=name).version_policy
         except ConfigError as exc:
             raise BadRequest(str(exc)) from None
     await _control(state).load(name, policy)

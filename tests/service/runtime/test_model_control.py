@@ -286,6 +286,8 @@ async def test_a_load_config_with_keys_this_server_ignores_is_refused(repository
             assert refused.status_code == 400 and "would be ignored" in refused.json()["error"]
             assert "reads only version_policy" in refused.json()["error"]
         assert (await classify(client)).json()["version"] == "1"  # what serves is unchanged
+        named = await client.post(LOAD, json=load({"name": "vit-digits", "version_policy": {"all": {}}}))
+        assert named.status_code == 200  # its own name, as Triton's configs carry it, changes nothing
         repeated = await client.post(LOAD, json=load({"version_policy": {"specific": {"versions": [1, 1, 1]}}}))
         assert repeated.status_code == 200
         [model] = (await client.get("/v1/models")).json()["models"]
