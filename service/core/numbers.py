@@ -4,6 +4,9 @@ pydantic reads a string as Python's ``int()`` and ``float()`` do, so ``?top_k=1_
 ``X-Request-Timeout: 1_0`` ten seconds (a tester's finding): Python's digit grouping, which no
 client means in a URL. :data:`QueryInt` and :data:`QueryFloat` refuse a string with an underscore
 before pydantic reads it, so the route answers 422 naming the parameter, as for ``top_k=abc``.
+Use them as a field's type with its bounds in ``Field``; inside ``X | None`` with the bounds in
+FastAPI's ``Query()`` the bound leaves the OpenAPI schema (``service.http.lifetime`` checks its
+optional timeouts itself).
 """
 
 from __future__ import annotations

@@ -22,7 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.types import Receive
 
 from service.core.errors import ClientDisconnected, DeadlineExceeded, ProblemError
-from service.core.numbers import QueryFloat
+from service.core.numbers import NO_UNDERSCORE
 from service.http.problems import request_id
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def hold_more_body(request: Request, size: int) -> None:
 async def requested_timeout(  # async: a plain def dependency would run in FastAPI's thread pool
     request: Request,
     timeout: Annotated[
-        QueryFloat | None,
+        float | None,
         Query(
             gt=0,
             allow_inf_nan=False,
@@ -68,7 +68,7 @@ async def requested_timeout(  # async: a plain def dependency would run in FastA
         ),
     ] = None,
     x_request_timeout: Annotated[
-        QueryFloat | None,
+        float | None,
         Header(gt=0, allow_inf_nan=False, description=f"The same as `timeout`, as a header ({TIMEOUT_HEADER})."),
     ] = None,
 ) -> None:
@@ -77,6 +77,13 @@ async def requested_timeout(  # async: a plain def dependency would run in FastA
     Stores the shortest of them (several headers count too; seconds, or None when none was sent) in
     ``request.state.requested_timeout``, for the inference routes' shared handler.
     """
+    # (float | None, not QueryFloat: its validator in the union lost the schema's exclusiveMinimum)
+    for where, name, raw in (("query", "timeout", timeout), ("header", TIMEOUT_HEADER.lower(), x_request_timeout)):
+        sent = request.query_params.get(name) if where == "query" else request.headers.get(name)
+        if raw is not None and sent is not None and "_" in sent:  # read as 10 from "1_0"
+            raise RequestValidationError(
+                [{"type": "value_error", "loc": (where, name), "msg": NO_UNDERSCORE, "input": sent}]
+            )
     given = [t for t in (timeout, x_request_timeout) if t is not None]
     if len(headers := request.headers.getlist(TIMEOUT_HEADER)) > 1:  # FastAPI read the first one only
         given += [_timeout_header(value) for value in headers[1:]]  # (a gateway may add a tighter one after)

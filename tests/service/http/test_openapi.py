@@ -52,6 +52,19 @@ async def test_the_three_request_bodies_are_declared() -> None:
     assert content["application/json"]["schema"]["properties"]["images"]["items"]["contentEncoding"] == "base64"
 
 
+async def test_numeric_parameters_keep_their_json_schema_bounds() -> None:
+    # The underscore check (service/core/numbers.py) first wrapped the timeouts' float in a validator
+    # inside the Optional: the bound came out as pydantic's "gt", not JSON Schema's exclusiveMinimum,
+    # and schemathesis found schema-valid timeouts of 0 refused (CI, 2026-12-07).
+    paths = (await _document())["paths"]
+    classify = {p["name"]: p["schema"] for p in paths[CLASSIFY]["post"]["parameters"]}
+    detect = {p["name"]: p["schema"] for p in paths["/v1/models/{name}/detect"]["post"]["parameters"]}
+    for name in ("timeout", "x-request-timeout"):
+        assert classify[name]["anyOf"][0] == {"type": "number", "exclusiveMinimum": 0}, classify[name]
+    assert classify["top_k"]["minimum"] == 1 and detect["max_detections"]["minimum"] == 1
+    assert (detect["threshold"]["minimum"], detect["threshold"]["maximum"]) == (0, 1)
+
+
 async def test_every_status_is_declared_with_its_media_type() -> None:
     paths = (await _document())["paths"]
     responses = paths[CLASSIFY]["post"]["responses"]
