@@ -93,7 +93,7 @@ async def requested_timeout(  # async: a plain def dependency would run in FastA
 def _timeout_header(value: str) -> float:
     """A further ``X-Request-Timeout`` value, checked as FastAPI checks the first (a 422 when it is not > 0)."""
     try:
-        seconds = float(value) if "_" not in value else math.nan  # as QueryFloat: 1_0 is not 10
+        seconds = float(value) if "_" not in value else math.nan  # as for the first header: 1_0 is not 10
     except ValueError:
         seconds = math.nan
     if not (math.isfinite(seconds) and seconds > 0):

@@ -110,7 +110,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._completed = False  # a request ended in the read being parsed
         self._sized = False  # the last request that ended had a Content-Length
-        self._read = b""  # the read being parsed, when no request had begun before it (its request line)
+        self._read = b""  # the read being parsed, when no request had begun before it (its request line), while parsed
         self._in_message = False  # between a request's first byte and its end (its body included)
         self._chunk_empty = False  # past a chunk's size line, no data of it yet: the last chunk's trailers come here
         self._body_in_read = False  # body data came in the read being parsed
@@ -289,11 +289,12 @@ class BoundedProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self._parsing_stopped:
             return  # dropped unparsed: the connection closes once the requests it queued are answered
-        self._read = b"" if self._in_message else data  # between requests: a request line may begin it
+        self._read = b"" if self._in_message else data  # between requests: a request line may begin it (this call only)
         counting = self._in_headers and self._header_bytes is not None
         trailing = self._chunk_empty  # the read starts among the last chunk's trailers, or before a chunk's data
         self._completed = self._body_in_read = False
         super().data_received(data)
+        self._read = b""  # not kept: an idle connection would hold its last read
         if self._parsing_stopped or self.transport.is_closing():
             return
         limit = getattr(self.config, "max_header_bytes", None)
