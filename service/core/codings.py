@@ -18,8 +18,8 @@ def content_coding(header: str | list[str] | None) -> str | None:
         header: the header's value as received (``None`` when absent), or every value of a request
             that sent the header more than once (``request.headers.getlist``), read as one list
             joined by commas, as RFC 9110, Sec. 5.3 combines them: ``identity`` then ``gzip`` is
-            ``"identity, gzip"``, not the first alone. Empty list elements are ignored (RFC 9110,
-            Sec. 5.6.1): ``"gzip, "`` is ``"gzip"``.
+            ``"identity, gzip"``, not the first alone. Empty elements are ignored (RFC 9110, Sec.
+            5.6.1) and so is ``identity`` (no coding): ``"gzip, "`` and ``"identity, gzip"`` are ``"gzip"``.
 
     Returns:
         ``None`` when the body is not encoded (no header, an empty value or ``identity``), else the
@@ -27,8 +27,8 @@ def content_coding(header: str | list[str] | None) -> str | None:
         whole, for the caller to refuse.
     """
     text = ", ".join(header) if isinstance(header, list) else header or ""
-    coding = ", ".join(e for e in (e.strip().lower() for e in text.split(",")) if e)  # empty elements ignored
-    return None if coding in IDENTITY else coding
+    coding = ", ".join(e for e in (e.strip().lower() for e in text.split(",")) if e not in IDENTITY)
+    return coding or None
 
 
 def shown(coding: str) -> str:

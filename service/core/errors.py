@@ -120,8 +120,8 @@ class HeaderFieldsTooLarge(ProblemError):
     outcome = "client_error"
 
 
-class NotImplementedMethod(ProblemError):
-    """A method the HTTP parser does not know (RFC 9110, Sec. 9.1), answered by :mod:`service.process.connections`."""
+class NotImplementedHere(ProblemError):
+    """A method or a transfer coding this server does not implement (RFC 9110, Sec. 15.6.2), from the connection."""
 
     status, title, slug, outcome = 501, "Not implemented", "not-implemented", "client_error"
 

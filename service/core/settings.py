@@ -259,10 +259,10 @@ class Settings(BaseSettings):
     @field_validator("api_keys", mode="before")
     @classmethod
     def _some_key_when_set(cls, value: object) -> object:
-        # before _split_keys (validators of one mode run last-defined first): "," or " , " set on
-        # purpose but holding no key would turn authentication off without a word; empty is "none"
-        if isinstance(value, str) and value.strip() and not value.replace(",", "").strip():
-            raise ValueError(f"{value!r} holds no key (only commas and spaces); leave it empty for no authentication")
+        # before _split_keys (validators of one mode run last-defined first): ",", " , " or "  " set
+        # on purpose but holding no key would turn authentication off without a word; "" is "none"
+        if isinstance(value, str) and value and not value.replace(",", "").strip():  # (the value is a secret)
+            raise ValueError("it holds no key (only commas and spaces); leave it empty for no authentication")
         return value
 
     @field_validator("api_keys")

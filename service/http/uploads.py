@@ -345,7 +345,7 @@ async def read_images(
 
     Raises:
         BadRequest: empty body, malformed multipart or JSON, no image, too many images or
-            parts, a URL instead of a file, more than one Content-Type header (400).
+            parts, a URL instead of a file, more than one Content-Type header or media type (400).
         PayloadTooLarge: body over ``max_body_bytes`` (413).
         UnsupportedMediaType: a content type that is not an image, multipart, JSON or
             octet-stream, or a ``Content-Encoding`` other than identity (415).
@@ -361,6 +361,8 @@ async def read_images(
         raise BadRequest(f"the request has {len(types)} Content-Type headers; send one")
     content_type = request.headers.get("content-type", "")
     media_type = content_type.split(";", 1)[0].strip().lower()
+    if "," in media_type:  # one field, one media type (RFC 9110, Sec. 8.3): image/png, application/json read as PNG
+        raise BadRequest(f"Content-Type {content_type[:100]!r} names more than one media type; send one")
     accepted = media_type in ("multipart/form-data", "application/json", *RAW_TYPES) or media_type.startswith("image/")
     if not accepted:
         sent = content_type.strip()

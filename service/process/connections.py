@@ -57,13 +57,14 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from service.core.errors import BadRequest, HeaderFieldsTooLarge, HeaderTimeout, NotImplementedMethod, ProblemError
+from service.core.errors import BadRequest, HeaderFieldsTooLarge, HeaderTimeout, NotImplementedHere, ProblemError
 
 log = logging.getLogger(__name__)
 
 PROTOCOL = "service.process.connections:BoundedProtocol"  # uvicorn's ``http`` setting (importable by workers)
 MAX_PIPELINED = 32  # requests a connection may queue behind the one running (each ~1.2 KB and its body)
-_METHOD_LINE = re.compile(rb"[!#$%&'*+.^_`|~0-9A-Za-z-]+ [^ \r\n]+ HTTP/")  # a token, a target, a version
+_METHOD_LINE = re.compile(rb"(?m)^([!#$%&'*+.^_`|~0-9A-Za-z-]+) ([^ \r\n]+) HTTP/")  # a request line's start
+_PARSED = {b"GET", b"HEAD", b"POST", b"PUT", b"DELETE", b"OPTIONS", b"TRACE", b"PATCH"}  # never the line refused
 
 
 class _StopParsing(Exception):
@@ -141,6 +142,17 @@ class BoundedProtocol(HttpToolsProtocol):
         if limit and size > limit:  # (whole in one read: the reads' count never saw it incomplete)
             self._too_large(limit)
             raise _StopParsing  # before uvicorn makes it a request; _StoppableParser swallows it
+        codings = [c.strip().lower() for n, v in self.headers if n == b"transfer-encoding" for c in v.split(b",")]
+        if any(c not in (b"chunked", b"") for c in codings):  # httptools reads chunked, and reads past the others
+            listed = b", ".join(c for c in codings if c)[:80].decode("latin-1")
+            log.info("client %s sent a body in Transfer-Encoding %r", self.client, listed)
+            self._refuse_in_turn(
+                NotImplementedHere(
+                    f"Transfer-Encoding {listed!r}: this server decodes chunked alone (RFC 9112, Sec. 6.1); "
+                    "send the body chunked or with a Content-Length (/v2 infer takes gzip as a Content-Encoding)"
+                )
+            )
+            raise _StopParsing
         super().on_headers_complete()
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -259,28 +271,41 @@ class BoundedProtocol(HttpToolsProtocol):
             self._refuse(refusal)
 
     def _parse_refusal(self, msg: str) -> ProblemError:
-        """The 400 (or 501) of the read httptools refused, with its reason; ``msg`` is uvicorn's words."""
+        """The 400 (or 501) of the read httptools refused, with its reason; ``msg`` is uvicorn's words.
+
+        The request line refused is the read's last line shaped like one whose method is not one
+        httptools parses (``FOO / HTTP/1.1``, ``get``, ``CONNECT host:443``): a 501, its target
+        choosing the ``/v2`` error format. Bytes with no such line (a TLS handshake) are a 400.
+        """
         error = getattr(self.parser, "error", None)
         reason = str(error).rstrip(".").lower() if error is not None else "a request line or header cannot be read"
         if "pri/upgrade" in reason:  # "PRI * HTTP/2.0": HTTP/2 with prior knowledge
             reason = "it begins as HTTP/2 does (this port speaks HTTP/1.1)"
-        overrun = (  # a request with a Content-Length ended in this read: its body may have run past it
+        log.info("client %s sent a request that is not valid HTTP/1.1: %s", self.client, reason)
+        lines = [line for line in _METHOD_LINE.finditer(self._read) if line[1] not in _PARSED]
+        method = isinstance(error, httptools.HttpParserInvalidMethodError)
+        if lines and (method or lines[-1][1] == b"CONNECT"):
+            token, target = lines[-1][1], lines[-1][2]
+            if target.startswith(b"/v2"):
+                self.url = target  # (_refuse writes /v2's errors as /v2 does)
+            if token == b"CONNECT":
+                return NotImplementedHere("CONNECT is for proxies, and this server is not one (RFC 9110, Sec. 9.3.6)")
+            shown = token[:40].decode("latin-1")
+            return NotImplementedHere(f"the method {shown!r} is not one this server knows (RFC 9110, Sec. 9)")
+        overrun = (  # bytes after a request with a Content-Length did not begin a request: its body ran past it?
             "; if the request before it sent more body than its Content-Length said, the rest was read as a request"
-            if self._completed and self._sized
+            if method and self._sized
             else ""
         )
-        log.info("client %s sent a request that is not valid HTTP/1.1: %s", self.client, reason)
-        method = isinstance(error, httptools.HttpParserInvalidMethodError)
-        if method and not self._completed and _METHOD_LINE.match(self._read.lstrip()):  # (its line began the read)
-            return NotImplementedMethod(
-                f"the request's method is not one this server knows (RFC 9110, Sec. 9){overrun}"
-            )
         return BadRequest(f"the request is not valid HTTP/1.1: {reason} (RFC 9112){overrun}")
 
     def _too_large(self, limit: int) -> None:
         """Refuse the request whose headers pass ``limit`` bytes: 431 now, or once those before it are answered."""
         log.info("client %s sent request headers over %d bytes (PATCHSERVE_MAX_HEADER_BYTES)", self.client, limit)
-        refusal = HeaderFieldsTooLarge(f"the request's headers pass {limit} bytes")
+        self._refuse_in_turn(HeaderFieldsTooLarge(f"the request's headers pass {limit} bytes"))
+
+    def _refuse_in_turn(self, refusal: ProblemError) -> None:
+        """Refuse the request whose headers are complete: now, or once those before it are answered."""
         if self._in_flight():  # a pipelined request's
             self._parsing_stopped, self._refusal = True, refusal
         else:

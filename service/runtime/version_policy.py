@@ -32,7 +32,7 @@ Folder = TypeVar("Folder")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # strict: [true] is not [1]
 
 
 class Latest(_Strict):
@@ -98,6 +98,15 @@ class ConfigError(Exception):
     """A ``config.json`` (or a load request's config) that is not valid, naming the file and field."""
 
 
+def _once_each_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members as a dict; a key given twice (which json.loads lets the last win) is refused."""
+    keys = [key for key, _ in pairs]
+    if len(set(keys)) != len(keys):
+        twice = sorted({key for key in keys if keys.count(key) > 1})
+        raise ValueError(f"{', '.join(map(repr, twice))} given twice in one object")
+    return dict(pairs)
+
+
 def parse_config(text: str, source: str, *, loading: str | None = None) -> ModelConfig:
     """A model config from JSON text.
 
@@ -107,17 +116,19 @@ def parse_config(text: str, source: str, *, loading: str | None = None) -> Model
             server would not; None: a ``config.json``, which may hold Triton's other keys.
 
     Raises:
-        ConfigError: not JSON, not an object, an invalid ``version_policy``, or, ``loading``,
-            another key (the message names ``source``).
+        ConfigError: not JSON (a key twice in one object included), not an object, an invalid
+            ``version_policy``, or, ``loading``, another key or another model's name (the message
+            names ``source``).
     """
     try:
-        data = json.loads(text)
+        data = json.loads(text, object_pairs_hook=_once_each_key)
     except ValueError as exc:
         raise ConfigError(f"{source}: not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise ConfigError(f'{source}: must be a JSON object such as {{"version_policy": {{"all": {{}}}}}}')
-    same_name = {"name"} if data.get("name") == loading else set()  # Triton's configs name their model
-    if loading is not None and (others := sorted(set(data) - {"version_policy"} - same_name)):
+    if loading is not None and "name" in data and data["name"] != loading:  # Triton's configs name their model
+        raise ConfigError(f"{source}: name is {data['name']!r}, but the load is for {loading!r}")
+    if loading is not None and (others := sorted(set(data) - {"version_policy", "name"})):
         raise ConfigError(
             f"{source}: {', '.join(map(repr, others))} would be ignored: of a model configuration this server "
             "reads only version_policy (batching and the rest come from each version's model.json)"

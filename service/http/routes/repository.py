@@ -129,6 +129,8 @@ async def load(name: str, request: Request, state: State) -> dict[str, Any]:
         raise BadRequest(
             f"model files in the request ({', '.join(files)}) are not taken: publish them in the repository"
         )
+    if unknown := sorted(set(parameters) - {"config"}):  # Triton's load takes config and files only
+        raise BadRequest(f"unknown load parameter(s) {', '.join(map(repr, unknown))}; load takes config")
     policy = None
     if "config" in parameters:
         if not isinstance(parameters["config"], str):

@@ -28,6 +28,7 @@ def test_a_long_coding_is_cut_when_shown() -> None:
 def test_a_header_sent_twice_is_one_list() -> None:
     """RFC 9110, Sec. 5.3: field lines of one name combine into one comma-separated list."""
     assert content_coding([]) is None and content_coding(["identity"]) is None
-    assert content_coding(["identity", "gzip"]) == "identity, gzip"  # refused as a list, not read as "identity"
+    assert content_coding(["identity", "gzip"]) == "gzip"  # not read as the first alone; identity is no coding
+    assert content_coding(["identity", "identity"]) is None and content_coding("identity, br, gzip") == "br, gzip"
     assert content_coding(["GZIP"]) == "gzip"
     assert content_coding(["identity", ""]) is None and content_coding("gzip, ,") == "gzip"  # empty elements ignored

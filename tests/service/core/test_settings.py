@@ -79,7 +79,7 @@ def test_a_metrics_folder_that_cannot_be_one_stops_the_start_naming_it(tmp_path)
     assert "cannot start: PROMETHEUS_MULTIPROC_DIR=" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("value", [",", ",,", " , "])
+@pytest.mark.parametrize("value", [",", ",,", " , ", "   ", "\t"])
 def test_api_keys_set_to_only_commas_stop_the_start(monkeypatch, capsys, value: str) -> None:
     """Authentication asked for but given no key is not turned off without a word (a tester's ``,,``)."""
     monkeypatch.setenv("PATCHSERVE_API_KEYS", value)
@@ -89,7 +89,6 @@ def test_api_keys_set_to_only_commas_stop_the_start(monkeypatch, capsys, value: 
     assert stopped.value.code == 2 and "PATCHSERVE_API_KEYS" in error and "holds no key" in error
 
 
-@pytest.mark.parametrize("value", ["", "  "])
-def test_empty_api_keys_mean_no_authentication(monkeypatch, value: str) -> None:
-    monkeypatch.setenv("PATCHSERVE_API_KEYS", value)
+def test_empty_api_keys_mean_no_authentication(monkeypatch) -> None:
+    monkeypatch.setenv("PATCHSERVE_API_KEYS", "")
     assert load_settings().api_keys == []

@@ -284,11 +284,13 @@ async def test_repeated_content_encoding_or_content_type_headers_are_not_read_fi
             CLASSIFY, content=DIGIT_7, headers=[*image, ("content-encoding", "identity"), ("content-encoding", "gzip")]
         )
         typed = await client.post(CLASSIFY, content=DIGIT_7, headers=[*image, ("content-type", "application/json")])
+        listed = await client.post(CLASSIFY, content=DIGIT_7, headers={"content-type": "image/png, application/json"})
         identity = await client.post(
             CLASSIFY, content=DIGIT_7, headers=[*image, ("content-encoding", "identity"), ("content-encoding", "")]
         )
-    assert_problem(encoded, 415, "Content-Encoding 'identity, gzip' is not accepted on /v1")  # as one header's list
+    assert_problem(encoded, 415, "Content-Encoding 'gzip' is not accepted on /v1")  # as one header's list
     assert_problem(typed, 400, "the request has 2 Content-Type headers; send one")
+    assert_problem(listed, 400, "names more than one media type")  # one header, read as PNG before
     assert identity.status_code == 200  # "identity, ": an empty list element is ignored (RFC 9110, Sec. 5.6.1)
 
 

@@ -140,12 +140,14 @@ def problems(transport: Transport) -> list[tuple[int, str, dict]]:
 @pytest.mark.parametrize(
     ("request_bytes", "status", "detail"),
     [
-        (b"FOO /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 501, "method is not one this server knows"),
-        (b"get /healthz HTTP/1.1\r\n\r\n", 501, "method is not one this server knows"),  # methods are case-sensitive
+        (b"FOO /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 501, "the method 'FOO' is not one this server knows"),
+        (b"get /healthz HTTP/1.1\r\n\r\n", 501, "the method 'get' is not one"),  # methods are case-sensitive
+        (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", 501, "CONNECT is for proxies"),
         (b"NOT HTTP AT ALL\r\n\r\n", 400, "not valid HTTP/1.1: invalid method encountered"),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "invalid method encountered"),  # TLS: not a 5xx
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "it begins as HTTP/2 does"),
         (b"GET http://[ HTTP/1.1\r\n\r\n", 400, "a request line or header cannot be read"),
+        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "decodes chunked alone"),
         (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", 400, "not valid HTTP/1.1: invalid header token"),
         (b"GET /a\x00b HTTP/1.1\r\n\r\n", 400, "not valid HTTP/1.1: invalid char in url path"),
     ],
@@ -179,9 +181,13 @@ async def test_pipelined_requests_before_a_malformed_one_are_answered_first() ->
     assert [(status, problem.get("status")) for status, _, problem in problems(transport)] == [
         (200, None),
         (200, None),
-        (400, 400),  # where in the read its line began is not known: not taken for a method
+        (400, 400),  # no line shaped as a request's: bytes, not an unknown method
     ]
     assert "Content-Length" not in problems(transport)[-1][2]["detail"]  # no body before it ran long
+    made, transport = protocol()
+    made.data_received(GET + b"FOO / HTTP/1.1\r\n\r\n")  # a request line after a request, in one read
+    await closed(transport)
+    assert [(status, problem.get("status")) for status, _, problem in problems(transport)] == [(200, None), (501, 501)]
 
 
 async def test_a_body_longer_than_its_content_length_answers_the_request_then_says_so() -> None:
@@ -190,6 +196,31 @@ async def test_a_body_longer_than_its_content_length_answers_the_request_then_sa
     await closed(transport)
     [(first, _, _), (second, _, problem)] = problems(transport)
     assert (first, second) == (200, 400) and "more body than its Content-Length said" in problem["detail"]
+
+
+async def test_an_unknown_method_on_a_v2_path_gets_its_error_as_v2_writes_them() -> None:
+    made, transport = protocol()
+    made.data_received(b"FOO /v2/health/live HTTP/1.1\r\n\r\n")
+    [(status, media, body)] = problems(transport)
+    assert (status, media) == (501, "application/json") and "'FOO'" in body["error"]
+
+
+async def test_the_content_length_hint_goes_with_bytes_after_a_sized_body_only() -> None:
+    # A tester's: the hint came with a chunked request's own broken chunk after a sized POST, and not
+    # when the extra bytes of a body came in a later read.
+    sized = b"POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\n12345"
+    hint = "more body than its Content-Length said"
+    made, transport = protocol()
+    made.data_received(sized)
+    await answered(transport, 1)
+    made.data_received(b"\x89PNG\r\n\x1a\n more bytes")  # the body's tail, a read later
+    await closed(transport)
+    assert hint in problems(transport)[-1][2]["detail"]
+    made, transport = protocol()
+    made.data_received(sized + b"POST /y HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nXYZ\r\n")
+    await closed(transport)
+    [(first, _, _), (second, _, problem)] = problems(transport)
+    assert (first, second) == (200, 400) and hint not in problem["detail"]
 
 
 async def test_a_queued_request_with_a_broken_body_is_dropped_and_the_one_before_it_answered() -> None:
