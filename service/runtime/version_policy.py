@@ -23,20 +23,32 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 CONFIG_FILE = "config.json"
 Folder = TypeVar("Folder")
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)  # strict: [true] is not [1]
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def _no_booleans(value: Any) -> Any:
+    """A count or versions as given, unless JSON's ``true``/``false`` (which pydantic reads as 1 and 0).
+
+    Numbers in strings stay accepted: protobuf's JSON form, Triton's, writes int64s so (``["1", "3"]``).
+    """
+    if isinstance(value, bool) or (isinstance(value, list) and any(isinstance(v, bool) for v in value)):
+        raise ValueError("versions and counts are JSON integers, not true or false")
+    return value
 
 
 class Latest(_Strict):
-    num_versions: int = Field(1, ge=1, description="How many of the highest versions are served.")
+    num_versions: Annotated[int, BeforeValidator(_no_booleans)] = Field(
+        1, ge=1, description="How many of the highest versions are served."
+    )
 
 
 class All(_Strict):
@@ -44,7 +56,9 @@ class All(_Strict):
 
 
 class Specific(_Strict):
-    versions: list[int] = Field(min_length=1, description="The versions served (each one that exists).")
+    versions: Annotated[list[int], BeforeValidator(_no_booleans)] = Field(
+        min_length=1, description="The versions served (each one that exists)."
+    )
 
     @field_validator("versions")
     @classmethod

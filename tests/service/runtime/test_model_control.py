@@ -287,7 +287,7 @@ async def test_a_load_config_with_keys_this_server_ignores_is_refused(repository
             assert "reads only version_policy" in refused.json()["error"]
         assert (await classify(client)).json()["version"] == "1"  # what serves is unchanged
         for text, says in (
-            ('{"version_policy": {"specific": {"versions": [true]}}}', "valid integer"),  # a tester's: read as [1]
+            ('{"version_policy": {"specific": {"versions": [true]}}}', "not true or false"),  # a tester's: read as [1]
             ('{"version_policy": {"all": {}}, "version_policy": {"latest": {}}}', "given twice"),  # the last won
             ('{"name": "other"}', "name is 'other', but the load is for 'vit-digits'"),
         ):
@@ -295,6 +295,8 @@ async def test_a_load_config_with_keys_this_server_ignores_is_refused(repository
             assert refused.status_code == 400 and says in refused.json()["error"], refused.text
         unknown = await client.post(LOAD, json={"parameters": {"foo": 1}})
         assert unknown.status_code == 400 and "unknown load parameter(s) 'foo'" in unknown.json()["error"]
+        quoted = await client.post(LOAD, json=load({"version_policy": {"specific": {"versions": ["1"]}}}))
+        assert quoted.status_code == 200  # protobuf's JSON form (Triton's) writes int64s as strings
         named = await client.post(LOAD, json=load({"name": "vit-digits", "version_policy": {"all": {}}}))
         assert named.status_code == 200  # its own name, as Triton's configs carry it, changes nothing
         repeated = await client.post(LOAD, json=load({"version_policy": {"specific": {"versions": [1, 1, 1]}}}))
