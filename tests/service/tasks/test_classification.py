@@ -25,3 +25,35 @@ def test_top_k_above_the_label_count_is_clamped() -> None:
 def test_wrong_logits_shape_is_an_internal_error() -> None:
     with pytest.raises(ValueError, match=r"\(3,\)"):
         classify(np.zeros(4, dtype=np.float32), ["a", "b", "c"], top_k=1)
+
+
+def reference(logits: np.ndarray, top_k: int) -> tuple[list[int], np.ndarray]:
+    """Class ids best first (ties: lower id first) and float64 softmax scores, written out independently."""
+    exp = np.exp(logits.astype(np.float64) - logits.max())
+    scores = exp / exp.sum()
+    order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:top_k]
+    return order, scores[order]
+
+
+@pytest.mark.parametrize("classes", [2, 10, 64, 65, 1000])  # both sides of the plain-Python path's bound (64)
+def test_every_class_count_matches_the_reference(classes: int) -> None:
+    rng = np.random.default_rng(classes)
+    labels = [f"c{i}" for i in range(classes)]
+    for scale in (0.1, 3.0, 40.0):
+        logits = (rng.standard_normal(classes) * scale).astype(np.float32)
+        logits[classes // 2] = logits[0]  # a tie: the lower id first
+        for top_k in (1, 5, classes):
+            result = classify(logits, labels, top_k)
+            order, scores = reference(logits, top_k)
+            assert [r["class_id"] for r in result] == order
+            assert [r["label"] for r in result] == [labels[i] for i in order]
+            assert [r["score"] for r in result] == pytest.approx(scores.tolist(), rel=1e-5, abs=1e-7)
+            assert all(type(r["class_id"]) is int and type(r["score"]) is float for r in result)  # JSON-ready
+
+
+def test_a_large_logit_gap_gives_one_and_zeros() -> None:
+    for classes in (3, 100):
+        logits = np.zeros(classes, dtype=np.float32)
+        logits[1] = 1e30
+        result = classify(logits, [str(i) for i in range(classes)], top_k=2)
+        assert [(r["class_id"], r["score"]) for r in result] == [(1, 1.0), (0, 0.0)]
