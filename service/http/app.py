@@ -298,6 +298,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         drain_bytes=settings.max_body_bytes,
         max_buffered_bytes=settings.max_buffered_bytes,
         exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
+        exempt_pattern=v2.MODEL_READY,  # nor a model's readiness (a busy worker is not an unready model)
         idle=state.idle_trim,
     )
     public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())

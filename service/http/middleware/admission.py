@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import re
 import time
 from typing import Any
 
@@ -100,6 +101,7 @@ class AdmissionMiddleware:
         body_timeout: float,
         retry_after: int = 1,
         exempt: frozenset[str] = EXEMPT_PATHS,
+        exempt_pattern: re.Pattern[str] | None = None,
         drain_bytes: int = 32 * 1024 * 1024,
         max_buffered_bytes: int | None = None,
         idle: IdleTrim | None = None,
@@ -113,11 +115,12 @@ class AdmissionMiddleware:
         self.body_timeout = body_timeout
         self.retry_after = retry_after
         self.exempt = exempt
+        self.exempt_pattern = exempt_pattern
         self.in_flight = 0
         self.idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt:
+        if scope["type"] != "http" or scope["path"] in self.exempt or self._exempt_probe(scope):
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.max_in_flight:
@@ -151,6 +154,11 @@ class AdmissionMiddleware:
             self.in_flight -= 1
             if self.in_flight == 0 and self.idle is not None:
                 self.idle.idle()
+
+    def _exempt_probe(self, scope: Scope) -> bool:
+        """A GET or HEAD of a path that ``exempt_pattern`` matches whole (a model's readiness probe)."""
+        pattern = self.exempt_pattern
+        return pattern is not None and scope.get("method") in ("GET", "HEAD") and bool(pattern.fullmatch(scope["path"]))
 
     def _draining_send(self, receive: Receive, send: Send, state: dict[str, Any], held: list[int]) -> Send:
         """``send`` that, before the 503 of a chunked body past the budget, gives its bytes back and drains it.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable, Coroutine
 from typing import Any
@@ -63,6 +64,7 @@ EXTENSIONS = ["binary_tensor_data", "classification", "model_configuration", "mo
 PLATFORM = "onnxruntime_onnx"
 # The protocol's health probes: like /healthz and /readyz, admission never refuses them.
 PROBE_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+MODEL_READY = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/ready")  # KServe probes a model's too
 INFER_RESPONSES = v2_responses(INFER_RESPONSE_SCHEMA, 400, 404, 408, 413, 415, 500, 504, binary=True)
 
 

@@ -97,13 +97,36 @@ async def test_exempt_paths_are_served_while_the_worker_is_full() -> None:
         held = HeldRequest(client.app)
         await until(lambda: held.body_reads >= 1)
         refused = await client.post(CLASSIFY, files={"image": DIGIT_7})
-        responses = await asyncio.gather(*(client.get(p) for p in ("/healthz", "/readyz", "/metrics") * 3))
+        probes = ("/healthz", "/readyz", "/metrics", "/v2/health/ready", "/v2/models/vit-digits/ready")
+        responses = await asyncio.gather(*(client.get(p) for p in (*probes, "/v2/models/vit-digits/versions/1/ready")))
+        # a model's readiness is a probe (KServe's, tritonclient's is_model_ready); its metadata is not
+        metadata = await client.get("/v2/models/vit-digits")
         still_held = not held.task.done()
         held.release()
         await asyncio.wait_for(held.task, 10)
     assert still_held and refused.status_code == 503
-    assert [r.status_code for r in responses] == [200] * 9
+    assert [r.status_code for r in responses] == [200] * 6
+    assert metadata.status_code == 503 and "PATCHSERVE_MAX_IN_FLIGHT" in metadata.json()["error"]
     assert held.status == 200
+
+
+async def test_only_a_get_or_head_of_a_whole_readiness_path_is_exempt() -> None:
+    from service.http.middleware.admission import AdmissionMiddleware
+    from service.http.routes.v2 import MODEL_READY
+
+    async def app(scope, receive, send) -> None:  # never reached by the refused
+        raise AssertionError(scope["path"])
+
+    middleware = AdmissionMiddleware(app, max_in_flight=0, body_timeout=1.0, exempt_pattern=MODEL_READY)
+    for method, path, exempt in [
+        ("GET", "/v2/models/vit-digits/ready", True),
+        ("HEAD", "/v2/models/vit-digits/versions/1/ready", True),
+        ("POST", "/v2/models/vit-digits/ready", False),
+        ("GET", "/v2/models/vit-digits/ready/x", False),
+        ("GET", "/v2/models/a/b/ready", False),
+        ("GET", "/v1/models/vit-digits/ready", False),
+    ]:
+        assert middleware._exempt_probe({"type": "http", "method": method, "path": path}) is exempt, (method, path)
 
 
 async def test_a_body_that_arrived_is_taken_even_when_the_app_reads_it_after_the_deadline() -> None:
