@@ -18,25 +18,21 @@ import base64
 import binascii
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
-from typing import TYPE_CHECKING
 
 import orjson
-from python_multipart.multipart import MultipartParser, MultipartState, parse_options_header
+from python_multipart.multipart import parse_options_header
 from starlette.requests import ClientDisconnect, Request
 
 from service.core.codings import content_coding, shown
 from service.core.errors import BadRequest, ClientDisconnected, PayloadTooLarge, UnsupportedMediaType
 from service.core.json_bounds import PARSE_ON_LOOP_BYTES, V1_CONTAINERS, check_containers
 from service.http.lifetime import BODY_DROPPED, DRAIN_SECONDS, OVERLONG, content_length, drain_body
+from service.http.multipart import IMAGE_FIELD, MultipartImages
 from service.http.openapi import DIGIT_PNG_BASE64
 from service.imaging.formats import sniff_format
 from service.pipeline.pool import in_pool
 
-if TYPE_CHECKING:
-    from python_multipart.multipart import MultipartCallbacks  # a TypedDict its stubs define for type checkers only
-
 RAW_TYPES = ("application/octet-stream",)
-IMAGE_FIELD = "image"
 
 # The request bodies the inference routes accept, for the OpenAPI document.
 OPENAPI_IMAGE_BODY = {
@@ -135,131 +131,20 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join([chunk async for chunk in _chunks(request, max_bytes)])
 
 
-class _Parts:
-    """python-multipart callbacks: keep the data of parts named ``image``, count every part."""
-
-    def __init__(self, *, max_images: int, max_parts: int) -> None:
-        self.max_images, self.max_parts = max_images, max_parts
-        self.images: list[bytes] = []
-        self.count = 0
-        self.field, self.value = bytearray(), bytearray()
-        self.name: str | None = None
-        self.transfer = b""  # the part's Content-Transfer-Encoding, lower case
-        self.data: list[bytes] = []
-
-    def callbacks(self) -> MultipartCallbacks:
-        return {
-            "on_part_begin": self.on_part_begin,
-            "on_header_field": lambda data, start, end: self.field.extend(data[start:end]),
-            "on_header_value": lambda data, start, end: self.value.extend(data[start:end]),
-            "on_header_end": self.on_header_end,
-            "on_part_data": self.on_part_data,
-            "on_part_end": self.on_part_end,
-        }
-
-    def on_part_begin(self) -> None:
-        self.count += 1
-        if self.count > self.max_parts:
-            raise BadRequest(f"more than {self.max_parts} parts in one multipart body")
-        self.name, self.data, self.transfer = None, [], b""
-
-    def on_header_end(self) -> None:
-        if bytes(self.field).lower() == b"content-disposition":
-            _, disposition = parse_options_header(bytes(self.value))
-            self.name = disposition.get(b"name", b"").decode("latin-1")
-        elif bytes(self.field).lower() == b"content-transfer-encoding":
-            self.transfer = bytes(self.value).strip().lower()
-        self.field.clear()
-        self.value.clear()
-
-    def on_part_data(self, data: bytes, start: int, end: int) -> None:
-        if self.name == IMAGE_FIELD:
-            self.data.append(data[start:end])
-
-    def on_part_end(self) -> None:
-        if self.name == IMAGE_FIELD:
-            if self.transfer not in (b"", b"binary", b"8bit", b"7bit"):  # RFC 7578, Sec. 4.7: senders do not use it
-                raise UnsupportedMediaType(
-                    f"an image part with Content-Transfer-Encoding {self.transfer[:40].decode('latin-1')!r} is not "
-                    "decoded (form data carries a file's bytes as they are, RFC 7578 Sec. 4.7); send it so"
-                )
-            if len(self.images) >= self.max_images:
-                raise BadRequest(f"more than {self.max_images} images in one request")
-            self.images.append(b"".join(self.data))
-        self.data = []
-
-
-# python-multipart's messages for a malformed body (python_multipart/multipart.py, 0.0.x), by their
-# first words, in a client's terms; the library's own position ("at 26") is within the chunk it
-# was fed, so the offset is taken from the error and counted from the start of the body.
-_MULTIPART_FAULTS = (
-    ("Found invalid character", "a part's header line is not 'Name: value'"),
-    ("Found 0-length header", "a part's header line has no name"),
-    ("Maximum header size exceeded", "a part's header line is too long"),
-    ("Maximum header count exceeded", "a part has too many header lines"),
-    ("Did not find LF character at end of header", "a part's header line ends with CR but no LF"),
-    ("Did not find LF at end of headers", "the blank line after a part's headers ends with CR but no LF"),
-    ("Did not find CR at end of boundary", "a boundary line does not end with CRLF"),
-    ("Did not find LF at end of boundary", "a boundary line ends with CR but no LF"),
-    ("Did not find CRLF after boundary padding", "a boundary line does not end with CRLF"),
-    ("Did not find - at end of boundary", "the closing boundary does not end with '--'"),
-    ("Expected boundary character", "the body does not start with the Content-Type's boundary (or has a preamble)"),
-)
-
-
-def _multipart_fault(exc: Exception, received: int) -> str:
-    """What is wrong with a multipart body, from python-multipart's error, at which byte of the body."""
-    message = str(exc)
-    fault = next((words for prefix, words in _MULTIPART_FAULTS if message.startswith(prefix)), None)
-    offset = getattr(exc, "offset", None)
-    where = f" (at byte {received + offset} of the body)" if isinstance(offset, int) and offset >= 0 else ""
-    return (fault or "the multipart parser stopped") + where
-
-
-class _MultipartImages:
-    """Collects the parts named ``image`` from a multipart body fed in chunks.
-
-    Other parts are counted against ``max_parts`` and their data dropped. The parser's
-    callbacks belong to a separate :class:`_Parts`, so no reference cycle runs through the
-    parser: when a request fails, its body is freed at once, not at the next cyclic garbage
-    collection (a cycle here kept every refused multipart body, up to the cap, alive).
-    """
-
-    def __init__(self, boundary: bytes, *, max_images: int, max_parts: int) -> None:
-        self._parts = _Parts(max_images=max_images, max_parts=max_parts)
-        self._received = 0  # bytes written before the current chunk, for the offset of a fault
-        try:
-            self._parser = MultipartParser(boundary, self._parts.callbacks())
-        except Exception as exc:  # e.g. a boundary over python-multipart's 256-character limit
-            raise BadRequest(f"malformed multipart header: {exc}") from None
-
-    def write(self, chunk: bytes) -> None:
-        try:
-            self._parser.write(chunk)
-        except (BadRequest, UnsupportedMediaType):
-            raise
-        except Exception as exc:  # python-multipart raises its own errors for malformed bodies
-            raise BadRequest(f"malformed multipart body: {_multipart_fault(exc, self._received)}") from None
-        self._received += len(chunk)
-
-    def finish(self) -> list[bytes]:
-        if self._parts.count == 0:
-            raise BadRequest("the multipart body has no parts (or the boundary does not match the header's)")
-        if self._parser.state != MultipartState.END:
-            raise BadRequest("the multipart body ends before its closing boundary (truncated upload?)")
-        if not self._parts.images:
-            raise BadRequest(f"no multipart part named {IMAGE_FIELD!r}; send the file as -F {IMAGE_FIELD}=@file.jpg")
-        return self._parts.images
-
-
 async def _multipart_images(
-    request: Request, content_type: str, *, max_body_bytes: int, max_images: int, max_parts: int
+    request: Request,
+    content_type: str,
+    *,
+    max_body_bytes: int,
+    max_images: int,
+    max_parts: int,
+    options: frozenset[str],
 ) -> list[bytes]:
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
         raise BadRequest("multipart/form-data without a boundary")
-    collector = _MultipartImages(boundary, max_images=max_images, max_parts=max_parts)
+    collector = MultipartImages(boundary, max_images=max_images, max_parts=max_parts, options=options)
     received = False
     async for chunk in _chunks(request, max_body_bytes):
         received = True
@@ -331,6 +216,7 @@ async def read_images(
     max_images: int,
     max_parts: int | None = None,
     pool: Executor | None = None,
+    options: frozenset[str] = frozenset(),
 ) -> list[bytes]:
     """The image files a request carries, in order.
 
@@ -342,10 +228,13 @@ async def read_images(
         pool: where a JSON body over :data:`~service.core.json_bounds.PARSE_ON_LOOP_BYTES` is parsed
             and its base64 decoded (the decode pool), never on the event loop: four 20 MB bodies
             held a worker's ``/healthz`` up for a second (a fresh user's); None: here.
+        options: the route's query parameters: a multipart part of one of these names is a 400
+            (``-F threshold=0.9`` silently ignored would look applied).
 
     Raises:
         BadRequest: empty body, malformed multipart or JSON, no image, too many images or
-            parts, a URL instead of a file, more than one Content-Type header or media type (400).
+            parts, a form field named as an option, a URL instead of a file, more than one
+            Content-Type header or media type (400).
         PayloadTooLarge: body over ``max_body_bytes`` (413).
         UnsupportedMediaType: a content type that is not an image, multipart, JSON or
             octet-stream, or a ``Content-Encoding`` other than identity (415).
@@ -382,6 +271,7 @@ async def read_images(
             max_body_bytes=max_body_bytes,
             max_images=max_images,
             max_parts=max_parts or 2 * max_images,
+            options=options,
         )
     body = await read_body(request, max_body_bytes)
     if not body:

@@ -55,6 +55,16 @@ def require_task(model: ModelVersion, task: Task[Any]) -> None:
     )
 
 
+_OPTIONS: dict[str, frozenset[str]] = {}  # by task name
+
+
+def _options(task: Task[Any]) -> frozenset[str]:
+    """The query parameters of ``task``'s route, which a multipart form field of the same name is refused for."""
+    if (options := _OPTIONS.get(task.name)) is None:
+        options = _OPTIONS[task.name] = frozenset(task.Params.model_fields) | {"version", "timeout"}
+    return options
+
+
 def _prefers_png(request: Request) -> bool:
     """Whether the ``Accept`` header prefers image/png to JSON.
 
@@ -152,6 +162,7 @@ async def serve(
                 max_images=settings.max_images_per_request,
                 max_parts=settings.max_multipart_parts,
                 pool=state.decode_pool,
+                options=_options(task),
             ),
             deadline - model.batcher.clock.now(),
             request,

@@ -208,6 +208,21 @@ async def test_multipart_parts_of_other_names_are_dropped_and_images_kept_in_ord
     assert [r["image"] for r in results] == [{"width": 64, "height": 64}, {"width": 128, "height": 128}]
 
 
+@pytest.mark.parametrize(
+    ("route", "field"),
+    [(CLASSIFY, "top_k"), ("/v1/models/detr-digits/detect", "threshold"), (CLASSIFY, "version"), (CLASSIFY, "timeout")],
+)
+async def test_a_form_field_named_as_the_routes_option_is_400_not_ignored(route: str, field: str) -> None:
+    # a tester's `curl -F image=@a.png -F threshold=0.99` got every box above the default 0.5, silently
+    files = [("image", ("a.png", DIGIT_7)), (field, (None, "1"))]
+    async with running_app() as client:
+        response = await client.post(route, files=files)
+        not_its_own = "threshold" if route == CLASSIFY else "top_k"  # the other task's option
+        other = await client.post(route, files=[*files[:1], (not_its_own, (None, "1"))])
+    assert_problem(response, 400, f"a form field named {field!r}: options go in the query string (?{field}=...)")
+    assert other.status_code == 200  # a field that is not this route's option is dropped, as any other name
+
+
 async def test_an_empty_image_part_is_400_for_that_image_only() -> None:
     async with running_app() as client:
         alone = await client.post(CLASSIFY, files={"image": ("empty.png", b"")})

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from service.core.errors import BadRequest, InvalidImage, PayloadTooLarge
-from service.http.uploads import _MultipartImages
+from service.http.multipart import MultipartImages
 from service.imaging.images import decode_image
 from tests.conftest import ROOT
 from tests.service.image_fixtures import GENERATED
@@ -100,7 +100,7 @@ def multipart_bodies(draw: st.DrawFn) -> tuple[bytes, list[int]]:
 @given(case=multipart_bodies())
 def test_the_multipart_reader_answers_every_body_with_images_or_a_400(case: tuple[bytes, list[int]]) -> None:
     body, cuts = case
-    reader = _MultipartImages(b"b0und", max_images=3, max_parts=5)
+    reader = MultipartImages(b"b0und", max_images=3, max_parts=5)
     try:
         for start, end in zip([0, *cuts], [*cuts, len(body)], strict=True):  # fed in arbitrary chunks
             reader.write(body[start:end])
