@@ -63,4 +63,7 @@ def check_values(body: bytes, limit: int, advice: str) -> None:
         return
     commas = body.count(b",")
     if commas > limit + STRUCTURE_COMMAS:
-        raise BadRequest(f"the JSON body holds about {commas} values, more than {limit}; {advice}")
+        raise BadRequest(
+            f"the JSON body has {commas} commas, more than the {limit + STRUCTURE_COMMAS} its values can take "
+            f"({limit} values and {STRUCTURE_COMMAS} for its fields; counted before parsing); {advice}"
+        )
