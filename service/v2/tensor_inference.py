@@ -272,6 +272,10 @@ async def infer_tensors(
             raise BadRequest(
                 f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
             )
+        if output.classification:  # refused before the rows run, from the graph's shape (its rank is known)
+            shape = next((shape for name, _, shape in output_specs(model) if name == output.name), [-1, -1])
+            if len(shape) != 2:
+                raise BadRequest(f"output {output.name!r} has shape {shape}; classification needs (B, N)")
     sizes = _valid_sizes(model, request, x)
     if sizes is None:  # a graph without a mask: each row whole
         if -1 in dims(model.manifest.input.shape)[2:]:

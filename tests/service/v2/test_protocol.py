@@ -241,6 +241,23 @@ async def test_classification_extension_returns_top_k_as_bytes() -> None:
     assert elements == output["data"][:2]
 
 
+async def test_classification_of_an_output_that_is_not_b_by_n_is_refused_before_the_model_runs() -> None:
+    # a tester's: vit-cifar10's attentions (B, depth, heads, T, T) with classification ran all 8 rows, then the 400
+    from tests.service.helpers import sample
+
+    x = np.zeros((8, 3, 32, 32), np.float32)
+    outputs = [{"name": "logits"}, {"name": "attentions", "parameters": {"classification": 3}}]
+    async with running_app() as client:
+        before = (await client.get("/metrics")).text
+        response = await client.post("/v2/models/vit-cifar10/infer", json=json_request(x, outputs=outputs))
+        after = (await client.get("/metrics")).text
+    assert_error(response, 400, "output 'attentions' has shape [-1, ")
+    assert "classification needs (B, N)" in response.json()["error"]
+    assert sample(after, "patchserve_batches_total", model="vit-cifar10", version="3") == sample(
+        before, "patchserve_batches_total", model="vit-cifar10", version="3"
+    )
+
+
 async def test_bad_requests_are_protocol_errors_never_500() -> None:
     x = digit_tensor(DIGIT_7)
     good = json_request(x)
