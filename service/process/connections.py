@@ -51,6 +51,7 @@ import asyncio
 import json
 import logging
 import re
+import uuid
 from http import HTTPStatus
 from typing import Any
 
@@ -236,13 +237,15 @@ class BoundedProtocol(HttpToolsProtocol):
         self._parsing_stopped = True
         self._cancel_header_timer()
         self._unset_keepalive_if_required()
+        rid = uuid.uuid4().hex  # a new request id, as every response carries one (the request's own is unread)
         if self.url.startswith(b"/v2"):
             body, media = json.dumps({"error": problem.detail}).encode(), b"application/json"
-        else:  # (no request id yet: no "instance")
-            body, media = json.dumps(problem.to_problem()).encode(), b"application/problem+json"
+        else:
+            body, media = json.dumps(problem.to_problem(rid)).encode(), b"application/problem+json"
         head = [b"HTTP/1.1 %d %s\r\n" % (problem.status, HTTPStatus(problem.status).phrase.encode())]
         head += [name + b": " + value + b"\r\n" for name, value in self.server_state.default_headers]
         head += [
+            b"x-request-id: " + rid.encode() + b"\r\n",
             b"content-type: " + media + b"\r\n",
             b"content-length: %d\r\n" % len(body),
             b"connection: close\r\n\r\n",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from typing import Any
 
 import pytest
@@ -164,6 +165,7 @@ async def test_a_malformed_request_is_answered_with_a_problem_and_the_connection
     v2 = b" /v2/" in request_bytes
     assert (answered, media) == (status, "application/json" if v2 else "application/problem+json")
     assert detail in (body["error"] if v2 else body["detail"]) and transport.closed
+    assert transport.written.count(b"\r\nx-request-id: ") == 1
 
 
 async def test_pipelined_requests_before_a_malformed_one_are_answered_first() -> None:
@@ -242,6 +244,9 @@ async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes
     assert b"content-type: application/problem+json" in transport.written
     problem = json.loads(transport.written.split(b"\r\n\r\n", 1)[1])
     assert problem["type"] == "urn:patchserve:problem:request-header-fields-too-large" and problem["status"] == 431
+    # a tester's: "every response carries X-Request-ID", and a problem names it as its instance
+    (rid,) = re.findall(rb"\r\nx-request-id: ([0-9a-f]{32})\r\n", transport.written)
+    assert problem["instance"] == rid.decode()
     made.data_received(b"\r\n\r\n")  # dropped: nothing more is answered
     assert transport.written.count(b"HTTP/1.1") == 1
 
