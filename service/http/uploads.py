@@ -157,6 +157,7 @@ async def _multipart_images(
 # ASCII whitespace that encoders put between base64 lines (MIME's CRLF, `base64`'s LF) or that
 # a client's wrapping adds; any other character outside the alphabet is still refused.
 _BASE64_SPACE = ("\n", "\r", " ", "\t")
+_BASE64URL = str.maketrans("-_", "+/")  # the URL- and filename-safe alphabet's two characters, as the standard's
 
 
 def _json_images(body: bytes, max_images: int) -> list[bytes]:
@@ -202,6 +203,8 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
             if space in text:  # a scan; a copy only when the text has that character
                 text = text.replace(space, "")
         text = text.rstrip("=")
+        if ("-" in text or "_" in text) and "+" not in text and "/" not in text:  # base64url (RFC 4648, Sec. 5)
+            text = text.translate(_BASE64URL)
         try:  # padding is optional (RFC 4648, Sec. 3.2: many encoders, e.g. base64url ones, leave it out)
             images.append(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))
         except (binascii.Error, ValueError):

@@ -187,6 +187,20 @@ async def test_json_images_may_leave_the_base64_padding_out() -> None:
     assert_problem(impossible, 400, "images[0] is not valid base64")
 
 
+async def test_json_images_may_be_base64url_but_not_both_alphabets_mixed() -> None:
+    # a tester's: URL-safe base64 (RFC 4648, Sec. 5) was "not valid base64"
+    standard = base64.b64encode(DIGIT_7).decode()
+    urlsafe = base64.urlsafe_b64encode(DIGIT_7).decode().rstrip("=")
+    assert ("-" in urlsafe or "_" in urlsafe) and urlsafe != standard.rstrip("=")  # the PNG has both kinds
+    mixed = urlsafe.replace("-", "+", 1) if "-" in urlsafe else urlsafe.replace("_", "/", 1)
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, json={"images": [urlsafe, standard]}, params={"top_k": 1})
+        refused = await client.post(CLASSIFY, json={"images": [mixed]})
+    results = response.json()["results"]
+    assert response.status_code == 200 and results[0] == results[1]
+    assert_problem(refused, 400, "images[0] is not valid base64")
+
+
 async def test_json_images_answer_in_order_each_with_its_own_status() -> None:
     encoded = base64.b64encode(DIGIT_7).decode()
     images = [encoded, "", base64.b64encode(b"GIF89a").decode(), "data:image/png;base64," + encoded]
