@@ -52,10 +52,10 @@ class _Parts:
         if bytes(self.field).lower() == b"content-disposition":
             _, disposition = parse_options_header(bytes(self.value))
             self.name = disposition.get(b"name", b"").decode("latin-1")
-            if self.name in self.options:
+            if (option := self.name.strip().lower().replace("-", "_")) in self.options:  # TOP_K, top-k meant it
                 raise BadRequest(
                     f"a form field named {self.name!r}: options go in the query string "
-                    f"(?{self.name}=...), the form holds only '{IMAGE_FIELD}' parts"
+                    f"(?{option}=...), the form holds only '{IMAGE_FIELD}' parts"
                 )
         elif bytes(self.field).lower() == b"content-transfer-encoding":
             self.transfer = bytes(self.value).strip().lower()

@@ -3,10 +3,12 @@
 Three request forms carry images (DESIGN.md, "Receive"):
 
 * ``multipart/form-data`` with one or more parts named ``image`` (``curl -F image=@a.jpg``),
-  parsed as it streams in: parts with other names are counted and dropped, never kept;
+  parsed as it streams in (:mod:`service.http.multipart`): parts with other names are counted and
+  dropped, never kept, but one named as the route's query option is a 400;
 * a raw body with an ``image/*`` or ``application/octet-stream`` content type;
-* ``application/json``: ``{"images": ["<base64>", ...]}`` (padding optional; line breaks, spaces and tabs
-  inside the base64 are ignored, as MIME's 76-character lines; a ``data:`` URL prefix is allowed; a URL is not fetched).
+* ``application/json``: ``{"images": ["<base64>", ...]}`` (either alphabet, standard or URL-safe;
+  padding optional; line breaks, spaces and tabs inside the base64 are ignored, as MIME's
+  76-character lines; a ``data:`` URL prefix is allowed; a URL is not fetched).
 
 A ``Content-Length`` over the cap is refused before a byte is read; a chunked body is counted
 as it arrives and refused as soon as it passes the cap, so no body over the cap is ever held.
@@ -67,7 +69,8 @@ OPENAPI_IMAGE_BODY = {
                             "minItems": 1,
                             "items": {"type": "string", "contentEncoding": "base64"},
                             "description": (
-                                "Base64 image files (padding optional; line breaks, spaces and tabs are ignored; "
+                                "Base64 image files (standard or URL-safe alphabet; padding optional; line breaks, "
+                                "spaces and tabs are ignored; "
                                 "a data: URL prefix is allowed; URLs are not fetched)."
                             ),
                         }
@@ -208,7 +211,9 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
         try:  # padding is optional (RFC 4648, Sec. 3.2: many encoders, e.g. base64url ones, leave it out)
             images.append(base64.b64decode(text + "=" * (-len(text) % 4), validate=True))
         except (binascii.Error, ValueError):
-            raise BadRequest(f"images[{i}] is not valid base64") from None
+            mixed = any(c in text for c in "-_") and any(c in text for c in "+/")
+            hint = ": it mixes the standard alphabet's + / with the URL-safe one's - _" if mixed else ""
+            raise BadRequest(f"images[{i}] is not valid base64{hint}") from None
     return images
 
 

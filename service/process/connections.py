@@ -238,6 +238,7 @@ class BoundedProtocol(HttpToolsProtocol):
         self._cancel_header_timer()
         self._unset_keepalive_if_required()
         rid = uuid.uuid4().hex  # a new request id, as every response carries one (the request's own is unread)
+        log.info("client %s answered %d, request id %s", self.client, problem.status, rid)  # (after the reason's line)
         if self.url.startswith(b"/v2"):
             body, media = json.dumps({"error": problem.detail}).encode(), b"application/json"
         else:

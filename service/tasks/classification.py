@@ -42,8 +42,8 @@ def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str
     """
     if logits.ndim != 1 or logits.shape[0] != len(labels):
         raise ValueError(f"expected logits ({len(labels)},), got {logits.shape}")
-    if len(labels) <= SMALL:
-        return _classify_small(logits.tolist(), labels, top_k)
+    if len(labels) <= SMALL and (small := _classify_small(logits.tolist(), labels, top_k)) is not None:
+        return small
     exp = np.exp(logits.astype(np.float64) - logits.max())  # float64, as the plain-Python path
     probabilities = exp / exp.sum()
     k = min(top_k, len(labels))
@@ -51,7 +51,7 @@ def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str
     return [{"label": labels[i], "class_id": int(i), "score": float(probabilities[i])} for i in order]
 
 
-def _classify_small(logits: list[float], labels: list[str], top_k: int) -> list[dict[str, Any]]:
+def _classify_small(logits: list[float], labels: list[str], top_k: int) -> list[dict[str, Any]] | None:
     """:func:`classify` in plain Python floats (float64), for a few classes.
 
     For a handful of classes numpy's per-call dispatch costs more than the arithmetic: 12 against
@@ -60,10 +60,13 @@ def _classify_small(logits: list[float], labels: list[str], top_k: int) -> list[
     (``python -m bench.profile --model ... --concurrency 1 --rate 250``; unsampled runs showed a
     smaller gain, within their noise). From 100 classes on numpy is the faster.
     ``heapq.nlargest`` is ``sorted(..., reverse=True)[:k]``, stable: ties keep the lower class id first.
+    None for logits that are not all finite (NaN, infinities), which numpy's path answers as before.
     """
     top = max(logits)
     exp = [math.exp(value - top) for value in logits]
     total = math.fsum(exp)
+    if not math.isfinite(total):  # a NaN, or an infinity (inf - inf): heapq would order NaNs by chance
+        return None
     order = heapq.nlargest(top_k, range(len(exp)), key=exp.__getitem__)
     return [{"label": labels[i], "class_id": i, "score": exp[i] / total} for i in order]
 

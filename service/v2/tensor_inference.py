@@ -265,17 +265,17 @@ async def infer_tensors(
     """
     x = _checked_input(model, request, max_rows)
     requested = _requested(model, request)
-    # Admitted whole or not at all, as /v1 requests are; more rows than the queue holds is a 400 as there.
-    model.batcher.admit(x.shape[0], "row(s)")
-    for output in requested:
+    for output in requested:  # (before admission: a request that can never succeed is a 400, not a 503 to retry)
         if output.classification and not tasks.serves(model.manifest, classification.TASK):
             raise BadRequest(
                 f"output {output.name!r}: the classification extension needs a {classification.TASK.name} model"
             )
-        if output.classification:  # refused before the rows run, from the graph's shape (its rank is known)
-            shape = next((shape for name, _, shape in output_specs(model) if name == output.name), [-1, -1])
-            if len(shape) != 2:
+        if output.classification:  # refused before the rows run, from the graph's shape where its rank is known
+            shape = next((shape for name, _, shape in output_specs(model) if name == output.name), [])
+            if shape and len(shape) != 2:  # [] is ONNX Runtime's word for a rank it does not know: checked after
                 raise BadRequest(f"output {output.name!r} has shape {shape}; classification needs (B, N)")
+    # Admitted whole or not at all, as /v1 requests are; more rows than the queue holds is a 400 as there.
+    model.batcher.admit(x.shape[0], "row(s)")
     sizes = _valid_sizes(model, request, x)
     if sizes is None:  # a graph without a mask: each row whole
         if -1 in dims(model.manifest.input.shape)[2:]:

@@ -198,7 +198,7 @@ async def test_json_images_may_be_base64url_but_not_both_alphabets_mixed() -> No
         refused = await client.post(CLASSIFY, json={"images": [mixed]})
     results = response.json()["results"]
     assert response.status_code == 200 and results[0] == results[1]
-    assert_problem(refused, 400, "images[0] is not valid base64")
+    assert_problem(refused, 400, "images[0] is not valid base64: it mixes the standard alphabet's + / with")
 
 
 async def test_json_images_answer_in_order_each_with_its_own_status() -> None:
@@ -235,6 +235,13 @@ async def test_a_form_field_named_as_the_routes_option_is_400_not_ignored(route:
         other = await client.post(route, files=[*files[:1], (not_its_own, (None, "1"))])
     assert_problem(response, 400, f"a form field named {field!r}: options go in the query string (?{field}=...)")
     assert other.status_code == 200  # a field that is not this route's option is dropped, as any other name
+
+
+@pytest.mark.parametrize("sent", ["TOP_K", " top_k ", "top-k", "Top-K"])
+async def test_a_form_field_named_as_an_option_in_another_case_or_spelling_is_refused_too(sent: str) -> None:
+    async with running_app() as client:
+        response = await client.post(CLASSIFY, files=[("image", ("a.png", DIGIT_7)), (sent, (None, "1"))])
+    assert_problem(response, 400, f"a form field named {sent!r}: options go in the query string (?top_k=...)")
 
 
 async def test_an_empty_image_part_is_400_for_that_image_only() -> None:

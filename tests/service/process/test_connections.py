@@ -235,7 +235,8 @@ async def test_a_malformed_chunked_body_is_refused_at_once_not_after_its_request
     assert status == 400 and "not valid HTTP/1.1" in problem["detail"] and transport.closed
 
 
-async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes() -> None:
+async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes(caplog) -> None:
+    caplog.set_level("INFO", logger="service.process.connections")
     made, transport = protocol(max_header_bytes=2048)
     made.data_received(b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Long: ")  # the read the request began in
     for _ in range(3):
@@ -247,6 +248,7 @@ async def test_headers_past_the_limit_are_answered_431_and_the_connection_closes
     # a tester's: "every response carries X-Request-ID", and a problem names it as its instance
     (rid,) = re.findall(rb"\r\nx-request-id: ([0-9a-f]{32})\r\n", transport.written)
     assert problem["instance"] == rid.decode()
+    assert f"answered 431, request id {rid.decode()}" in caplog.text  # so that a quoted id can be found
     made.data_received(b"\r\n\r\n")  # dropped: nothing more is answered
     assert transport.written.count(b"HTTP/1.1") == 1
 

@@ -258,6 +258,19 @@ async def test_classification_of_an_output_that_is_not_b_by_n_is_refused_before_
     )
 
 
+async def test_classification_of_an_output_of_unknown_rank_runs_and_is_checked_after(monkeypatch) -> None:
+    # a reviewer's: ONNX Runtime gives [] for an output whose rank it cannot infer, as for a scalar
+    from service.v2 import tensor_inference
+
+    known = tensor_inference.output_specs
+    monkeypatch.setattr(tensor_inference, "output_specs", lambda m: [(n, t, []) for n, t, _ in known(m)])
+    outputs = [{"name": "logits", "parameters": {"classification": 2}}]
+    async with running_app() as client:
+        response = await client.post(INFER, json=json_request(digit_tensor(DIGIT_7), outputs=outputs))
+    assert response.status_code == 200, response.text
+    assert response.json()["outputs"][0]["shape"] == [1, 2]
+
+
 async def test_bad_requests_are_protocol_errors_never_500() -> None:
     x = digit_tensor(DIGIT_7)
     good = json_request(x)
