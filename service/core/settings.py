@@ -36,7 +36,11 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix=ENV_PREFIX, extra="ignore", frozen=True, allow_inf_nan=False)
 
     model_repository: Path = Field(Path("model_repository"), description="Folder of <name>/<version>/ models.")
-    host: str = Field("127.0.0.1", description="Address to listen on.")
+    host: str = Field(
+        "127.0.0.1",
+        min_length=1,
+        description="Address to listen on (empty is refused: uvicorn took it as every interface).",
+    )
     port: int = Field(8000, ge=0, le=65535, description="TCP port (0 picks a free one).")
     workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes; one per GPU.")
     device: Literal["auto", "cuda", "cpu"] = Field(
@@ -170,6 +174,7 @@ class Settings(BaseSettings):
         0.0,
         ge=0.0,
         le=86400.0,
+        # 0, or 0.1 s and up (_poll_or_not): a scan each millisecond took a third of an idle core (a tester's)
         description="Seconds between scans of the model repository for new, changed or removed versions "
         "(0: no polling; the repository API still loads and unloads). See docs/model-control.md.",
     )
@@ -220,11 +225,14 @@ class Settings(BaseSettings):
         "pass it gets 503 + Retry-After before its body is kept (one body alone is always taken).",
     )
     body_timeout: float = Field(60.0, gt=0.0, description="Seconds to receive a whole request body (408).")
-    drain_delay: float = Field(
-        5.0, ge=0.0, description="Seconds to keep accepting after SIGTERM, with /readyz at 503, before closing."
+    drain_delay: float = Field(  # bounded: 1e12 kept a SIGTERMed server draining for ever (a tester's)
+        5.0,
+        ge=0.0,
+        le=3600.0,
+        description="Seconds to keep accepting after SIGTERM, with /readyz at 503, before closing.",
     )
     graceful_shutdown_timeout: int = Field(
-        30, ge=1, description="Seconds accepted requests get to finish once the server stops accepting."
+        30, ge=1, le=86400, description="Seconds accepted requests get to finish once the server stops accepting."
     )
     keep_alive_timeout: int = Field(
         75, ge=1, description="Seconds an idle keep-alive connection stays open (above proxies' 60 s)."
@@ -271,6 +279,20 @@ class Settings(BaseSettings):
         if not all(_TOKEN68.match(key) for key in keys):
             raise ValueError("each key must be letters, digits and -._~+/ (RFC 7235 token68): openssl rand -hex 32")
         return keys
+
+    @field_validator("model_repository", mode="before")
+    @classmethod
+    def _a_folder_named(cls, value: object) -> object:
+        if isinstance(value, str) and not value.strip():  # Path("") is ".": the working folder, read as models
+            raise ValueError("it is empty; name the repository folder (default: model_repository)")
+        return value
+
+    @field_validator("repository_poll_seconds")
+    @classmethod
+    def _poll_or_not(cls, seconds: float) -> float:
+        if 0 < seconds < 0.1:
+            raise ValueError("0 (no polling) or at least 0.1: each scan reads the whole repository's folders")
+        return seconds
 
     @field_validator("auth_public_paths")
     @classmethod

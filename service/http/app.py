@@ -21,6 +21,7 @@ from fastapi import FastAPI
 
 from service.batching.config import BatchingConfig
 from service.core import lifecycle
+from service.core import metrics as core_metrics
 from service.core.errors import RepositoryError
 from service.core.logs import DECODE_THREADS
 from service.core.memory import IdleTrim, malloc_trim
@@ -46,8 +47,9 @@ from service.runtime.control_signal import FILE_NAME, ControlSignal, follow
 from service.runtime.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.runtime.loading import Loader
 from service.runtime.manifest import ManifestError, load_manifest
-from service.runtime.model_control import ModelControl
+from service.runtime.model_control import UNAVAILABLE, ModelControl, VersionState
 from service.runtime.repository import ModelRepository, ModelVersion, discover
+from service.runtime.repository_folder import fingerprint
 from service.runtime.repository_watch import poll_forever
 from service.runtime.sessions import CUDA, CudaOptions, requested_providers
 from service.runtime.tuning import TuneCache, Tuner, default_cache_dir
@@ -141,20 +143,48 @@ def loader(settings: Settings, threads: ThreadPlan | None, tuning: Tuner | None)
 def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
     """Blocking: tune, create every session the version policies select and run each once per batch size.
 
+    A version whose graph fails to load is left out as the poller leaves one out (``model_control``'s
+    "Failure"): listed ``UNAVAILABLE`` with its reason, counted, and the policy selects among the
+    others (``latest: 1`` with a broken version 2 serves version 1), so a worker started beside
+    broken files serves what a running one does. Once nothing more is selected, what loaded serves.
+
     Raises:
         StartupStopped: a shutdown was requested meanwhile (checked before each version and tuning point).
+        RepositoryError: no version at all could be loaded (each failure's reason in the message).
     """
     tuning = control.loader.tuner
-    models = []
+    loaded: dict[tuple[str, int], ModelVersion] = {}
     with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
-        for name, version, folder in control.startup_versions():
-            lifecycle.stop_if_shutting_down()
-            models.append(control.loader.load(name, version, folder))
+        while todo := [(n, v, f) for n, v, f in control.startup_versions() if (n, v) not in loaded]:
+            for name, version, folder in todo:
+                lifecycle.stop_if_shutting_down()
+                try:
+                    loaded[(name, version)] = control.loader.load(name, version, folder)
+                except lifecycle.StartupStopped:
+                    raise
+                except Exception as exc:  # its failure recorded, the next pass's policies leave it out
+                    _failed_at_start(control, name, version, folder, exc)
+    models = list(loaded.values())
     for model in models:
         lifecycle.stop_if_shutting_down()
         if model.runner.providers.ok:
             model.warm_up()
+    if not models:
+        failures = [f"{n}/{v}: {s.reason}" for n, states in control.states.items() for v, s in states.items()]
+        raise RepositoryError("no model version could be loaded: " + "; ".join(failures))
     return models
+
+
+def _failed_at_start(control: ModelControl, name: str, version: int, folder: Path, exc: Exception) -> None:
+    reason = str(exc) if isinstance(exc, RepositoryError) else f"{type(exc).__name__}: {exc}"
+    log.error(
+        "model %s version %d: failed to load at start-up; its policy picks among the rest: %s",
+        name,
+        version,
+        reason,
+    )
+    core_metrics.MODEL_LOADS.labels(name, str(version), "failure").inc()
+    control.states.setdefault(name, {})[version] = VersionState(UNAVAILABLE, reason, fingerprint(folder), failed=True)
 
 
 async def _start_models(state: ServerState, control: ModelControl) -> None:

@@ -27,9 +27,10 @@ async def get_repository(request: Request) -> ModelRepository:
     Raises:
         Unavailable: the models are not loaded yet (503).
     """
-    repository: ModelRepository | None = request.app.state.server.repository
-    if repository is None:
-        raise Unavailable("the models are still loading", retry_after=2)
+    state: ServerState = request.app.state.server
+    if state.repository is None:  # loading, or it failed: the 503 says which
+        raise Unavailable(state.startup_error or "the models are still loading", retry_after=2)
+    repository: ModelRepository = state.repository
     return repository
 
 

@@ -115,13 +115,15 @@ class ModelControl:
         return self.overrides.get(name) or read_config(self.root / name).version_policy
 
     def startup_versions(self) -> list[tuple[str, int, Path]]:
-        """(name, version, folder) of each version to load at start-up: every model's policy applied.
+        """(name, version, folder) of each version to load at start-up: every model's policy applied
+        to its complete versions but those that failed to load (the policy selects among the others).
 
         Raises:
             ConfigError: a model's config.json is invalid.
         """
-        versions = self.scan().items()
-        complete = {name: {v: f for v, f in found.items() if f.fingerprint is not None} for name, found in versions}
+        failed = {(name, v) for name, states in self.states.items() for v, state in states.items() if state.failed}
+        on_disk = self.scan().items()
+        complete = {n: {v: f for v, f in vs.items() if f.fingerprint and (n, v) not in failed} for n, vs in on_disk}
         chosen = apply_policies(complete, self.policy)
         for name, version, found in chosen:
             self._seen[(name, version)] = found.fingerprint
@@ -393,7 +395,6 @@ class ModelControl:
 
 def _loaded(model: ModelVersion) -> None:
     metrics.MODEL_LOADS.labels(model.name, str(model.version), "success").inc()
-    metrics.MODEL_INFO.labels(model.name, str(model.version), model.manifest.task, model.runner.providers.primary).set(
-        1
-    )
+    info = (model.name, str(model.version), model.manifest.task, model.runner.providers.primary)
+    metrics.MODEL_INFO.labels(*info).set(1)
     metrics.export_choices(model)

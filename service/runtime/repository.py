@@ -283,20 +283,23 @@ def discover(root: Path) -> list[tuple[str, int, Path]]:
     to be renamed to ``2`` when complete).
 
     Raises:
-        RepositoryError: the root is missing, or a folder's name is not a valid model
-            name or version.
+        RepositoryError: the root is missing, a folder's name is not a valid model
+            name or version, or a folder cannot be read.
     """
     if not root.is_dir():
         raise RepositoryError(f"model repository {root} does not exist or is not a folder")
     found = []
-    for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        if not NAME_PATTERN.match(model_dir.name):
-            raise RepositoryError(f"{model_dir}: not a valid model name (letters, digits, _ . -)")
-        for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
-            if not VERSION_PATTERN.fullmatch(version_dir.name):
-                raise RepositoryError(f"{version_dir}: a version folder must be a number of at most 9 digits")
-            if (version_dir / "model.onnx").is_file():
-                found.append((model_dir.name, int(version_dir.name), version_dir))
+    try:
+        for model_dir in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            if not NAME_PATTERN.match(model_dir.name):
+                raise RepositoryError(f"{model_dir}: not a valid model name (letters, digits, _ . -)")
+            for version_dir in sorted(p for p in model_dir.iterdir() if p.is_dir() and not p.name.startswith(".")):
+                if not VERSION_PATTERN.fullmatch(version_dir.name):
+                    raise RepositoryError(f"{version_dir}: a version folder must be a number of at most 9 digits")
+                if (version_dir / "model.onnx").is_file():
+                    found.append((model_dir.name, int(version_dir.name), version_dir))
+    except OSError as exc:  # a folder this user may not read: say which, as for a bad name (was a traceback)
+        raise RepositoryError(f"{exc.filename or root}: cannot be read ({exc.strerror or exc})") from None
     if not found:
         raise RepositoryError(f"model repository {root} holds no <name>/<version>/model.onnx")
     return found

@@ -92,7 +92,7 @@ def _control_allowed(state: State) -> None:
             "(Triton's --model-control-mode=explicit)"
         )
     if state.repository is None:
-        raise Unavailable("the models are still loading", retry_after=2)
+        raise Unavailable(state.startup_error or "the models are still loading", retry_after=2)
 
 
 @router.post(

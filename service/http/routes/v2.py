@@ -174,7 +174,7 @@ async def model_version_metadata(name: str, version: str, repository: Repository
 
 def _ready(state: State, name: str, version: str | None) -> dict[str, Any]:
     if state.repository is None:
-        raise BadRequest("not ready: the models are still loading")
+        raise BadRequest(f"not ready: {state.startup_error or 'the models are still loading'}")
     model = state.repository.get(name, version)
     if not model.ready:
         raise BadRequest(f"model {model.name} version {model.version} is not ready: {model.not_ready_reason}")

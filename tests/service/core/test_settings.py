@@ -54,6 +54,31 @@ def test_an_unknown_patchserve_variable_is_named_with_the_setting_it_resembles()
 
 
 @pytest.mark.parametrize(
+    "variable, value, says",
+    [  # a second ops tester's: the server listened on every interface; drained for ever; polled each millisecond
+        ("PATCHSERVE_HOST", "", "at least 1 character"),
+        ("PATCHSERVE_DRAIN_DELAY", "1e12", "less than or equal to 3600"),
+        ("PATCHSERVE_GRACEFUL_SHUTDOWN_TIMEOUT", "99999999", "less than or equal to 86400"),
+        ("PATCHSERVE_REPOSITORY_POLL_SECONDS", "0.001", "0 (no polling) or at least 0.1"),
+    ],
+)
+def test_an_empty_host_or_a_shutdown_or_poll_time_past_any_use_stops_the_start(
+    monkeypatch, capsys, variable: str, value: str, says: str
+) -> None:
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and variable in error and says in error
+
+
+def test_polling_may_be_off_or_a_tenth_of_a_second(monkeypatch) -> None:
+    for value in ("0", "0.1"):
+        monkeypatch.setenv("PATCHSERVE_REPOSITORY_POLL_SECONDS", value)
+        assert load_settings().repository_poll_seconds == float(value)
+
+
+@pytest.mark.parametrize(
     "variable, value",
     [  # an ops tester's: accepted, then an OverflowError after the models loaded, or 500,000 threads on 2 cores
         ("PATCHSERVE_BACKLOG", "99999999999999"),

@@ -14,6 +14,7 @@ import shutil
 import threading
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.runtime.version_policy import (
@@ -307,7 +308,7 @@ async def test_a_load_config_with_keys_this_server_ignores_is_refused(repository
 
 async def test_polling_publishes_and_removing_a_folder_retires(repository: Path) -> None:
     async with running_app(
-        make_settings(model_control_api=True, model_repository=repository, repository_poll_seconds=0.05)
+        make_settings(model_control_api=True, model_repository=repository, repository_poll_seconds=0.1)
     ) as client:
         publish(repository, "vit-digits", 2)
         await until(lambda: "2" in {str(v) for v in client.app.state.server.repository.models["vit-digits"]}, "v2")
@@ -540,3 +541,40 @@ async def test_a_version_in_the_repository_that_is_not_served_is_named_so(reposi
     assert "version 2 is in the repository but not served" in left_out.json()["detail"]
     assert "version_policy" in left_out.json()["detail"] and "Served: [1]" in left_out.json()["detail"]
     assert "has no version '3'; it has [1]" in absent.json()["detail"]
+
+
+def corrupt_version(repository: Path, version: int) -> None:
+    """``version`` of vit-digits: version 1's manifest beside a model.onnx that is not a graph."""
+    folder = repository / "vit-digits" / str(version)
+    shutil.copytree(repository / "vit-digits" / "1", folder)
+    (folder / "model.onnx").write_bytes(b"not a protobuf" * 100)
+
+
+async def test_a_version_that_fails_at_start_up_is_left_out_and_the_policy_serves_the_next(repository: Path) -> None:
+    # A tester's: a corrupt version 2 on disk at start-up left the worker alive, never ready, serving nothing,
+    # where a running worker that saw the same version 2 appear kept serving version 1.
+    corrupt_version(repository, 2)
+    async with running_app(make_settings(model_repository=repository)) as client:
+        answer = await classify(client)
+        (shown,) = (await client.get("/v1/models")).json()["not_serving"]
+        metrics = (await client.get("/metrics")).text
+    assert answer.status_code == 200 and answer.json()["version"] == "1"  # latest: 1 of the versions that load
+    assert (shown["version"], shown["state"]) == ("2", "UNAVAILABLE") and "protobuf" in shown["reason"].lower()
+    assert sample(metrics, "patchserve_model_loads_total", model="vit-digits", version="2", outcome="failure") >= 1
+
+
+async def test_a_start_up_where_no_version_loads_is_not_ready_and_says_why(tmp_path: Path) -> None:
+    from service.http.app import create_app
+
+    shutil.copytree(MODEL_REPOSITORY / "vit-digits" / "1", tmp_path / "vit-digits" / "1")
+    (tmp_path / "vit-digits" / "1" / "model.onnx").write_bytes(b"not a protobuf" * 100)
+    app = create_app(make_settings(model_repository=tmp_path))
+    async with app.router.lifespan_context(app):
+        state = app.state.server
+        await until(lambda: bool(state.startup_error), "the start-up to give up")
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            ready = await client.get("/readyz")
+            answer = await classify(client)
+    assert ready.status_code == 503 and "no model version could be loaded: vit-digits/1:" in ready.text
+    assert answer.status_code == 503 and "no model version could be loaded" in answer.json()["detail"]  # not "loading"

@@ -86,3 +86,33 @@ async def test_the_listing_shows_only_what_is_inside_the_repository(repository: 
     async with running_app(model_repository=repository) as client:
         listing = (await client.get("/v1/models")).json()
     assert [m["name"] for m in listing["models"]] == ["vit-digits"]
+
+
+def test_a_folder_that_cannot_be_read_stops_the_start_naming_it(tmp_path: Path, monkeypatch) -> None:
+    # a tester's: a version folder its user may not read (chmod 000, no CAP_DAC_OVERRIDE) gave a traceback.
+    # This runs as root here, which reads anything: the kernel's refusal is played by the stat call.
+    from service.core.errors import RepositoryError
+    from service.runtime.repository import discover
+
+    shutil.copytree(MODEL_REPOSITORY / "vit-digits" / "1", tmp_path / "vit-digits" / "3")
+    blocked = tmp_path / "vit-digits" / "3" / "model.onnx"
+    is_file = Path.is_file
+
+    def refuse(path: Path) -> bool:
+        if path == blocked:
+            raise PermissionError(13, "Permission denied", str(path))
+        return is_file(path)
+
+    monkeypatch.setattr(Path, "is_file", refuse)
+    with pytest.raises(RepositoryError, match=r"vit-digits/3/model.onnx: cannot be read \(Permission denied\)"):
+        discover(tmp_path)
+
+
+def test_an_empty_repository_setting_is_refused_not_read_as_the_working_folder(monkeypatch, capsys) -> None:
+    from service.core.settings import load_settings
+
+    monkeypatch.setenv("PATCHSERVE_MODEL_REPOSITORY", "")
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "PATCHSERVE_MODEL_REPOSITORY" in error and "it is empty" in error
