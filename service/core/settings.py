@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, ValidationError, field_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 ENV_PREFIX = "PATCHSERVE_"
@@ -264,13 +264,15 @@ class Settings(BaseSettings):
             return [key.strip() for key in value.split(",") if key.strip()]
         return value
 
-    @field_validator("api_keys", mode="before")
+    @field_validator("api_keys", "cors_allow_origins", mode="before")
     @classmethod
-    def _some_key_when_set(cls, value: object) -> object:
+    def _some_key_when_set(cls, value: object, info: ValidationInfo) -> object:
         # before _split_keys (validators of one mode run last-defined first): ",", " , " or "  " set
-        # on purpose but holding no key would turn authentication off without a word; "" is "none"
+        # on purpose but holding no key (origin) would turn authentication (CORS) off without a word; "" is "none"
         if isinstance(value, str) and value and not value.replace(",", "").strip():  # (the value is a secret)
-            raise ValueError("it holds no key (only commas and spaces); leave it empty for no authentication")
+            if info.field_name == "api_keys":
+                raise ValueError("it holds no key (only commas and spaces); leave it empty for no authentication")
+            raise ValueError("it holds no origin (only commas and spaces); leave it empty for no CORS")
         return value
 
     @field_validator("api_keys")

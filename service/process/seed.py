@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 2:
         print("usage: python -m service.process.seed SOURCE REPOSITORY", file=sys.stderr)
         return 2
-    copied = seed(Path(args[0]), Path(args[1]))
+    try:
+        copied = seed(Path(args[0]), Path(args[1]))
+    except OSError as exc:  # a missing or unreadable folder: one line, not a traceback (a tester's)
+        print(f"seed: {exc.filename or args[1]}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
     print(f"seeded {args[1]} with {', '.join(copied)}" if copied else f"{args[1]} already holds models: left alone")
     return 0
 

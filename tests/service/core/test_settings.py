@@ -117,3 +117,14 @@ def test_api_keys_set_to_only_commas_stop_the_start(monkeypatch, capsys, value: 
 def test_empty_api_keys_mean_no_authentication(monkeypatch) -> None:
     monkeypatch.setenv("PATCHSERVE_API_KEYS", "")
     assert load_settings().api_keys == []
+
+
+def test_cors_origins_set_to_only_commas_stop_the_start(monkeypatch, capsys) -> None:
+    # a tester's: "," turned CORS off without a word, where the same for the API keys is refused
+    monkeypatch.setenv("PATCHSERVE_CORS_ALLOW_ORIGINS", " , ")
+    with pytest.raises(SystemExit) as stopped:
+        load_settings()
+    error = capsys.readouterr().err
+    assert stopped.value.code == 2 and "PATCHSERVE_CORS_ALLOW_ORIGINS" in error and "holds no origin" in error
+    monkeypatch.setenv("PATCHSERVE_CORS_ALLOW_ORIGINS", "")
+    assert load_settings().cors_allow_origins == []

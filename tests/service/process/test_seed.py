@@ -54,3 +54,12 @@ def test_the_healthcheck_asks_the_address_the_server_is_bound_to() -> None:
     assert ready_url({"PATCHSERVE_HOST": "::"}) == "http://127.0.0.1:8000/readyz"
     assert ready_url({"PATCHSERVE_HOST": "10.1.2.3"}) == "http://10.1.2.3:8000/readyz"
     assert ready_url({"PATCHSERVE_HOST": "fd00::5"}) == "http://[fd00::5]:8000/readyz"
+
+
+def test_a_source_that_is_missing_is_one_line_not_a_traceback(tmp_path: Path, capsys) -> None:
+    # a tester's: `python -m service.process.seed model_repository /missing` died with a FileNotFoundError traceback
+    from service.process.seed import main
+
+    assert main([str(tmp_path / "missing"), str(tmp_path / "repository")]) == 1
+    error = capsys.readouterr().err
+    assert error.startswith("seed: ") and "missing" in error and "Traceback" not in error and error.count("\n") == 1

@@ -435,6 +435,12 @@ async def test_a_version_rewritten_in_place_with_broken_files_stays_ready_and_sa
         (entry,) = (await client.post(INDEX)).json()
         assert entry["version"] == "1" and entry["state"] == "READY"
         assert entry["reason"].startswith("serving earlier files; new ones failed") and "'pixels'" in entry["reason"]
+        listed = (await client.get("/v1/models/vit-digits")).json()
+        # a tester's: /v1/models said UNAVAILABLE for the version that serves; now as the index says
+        assert [v["version"] for v in listed["versions"]] == ["1"]
+        assert [(e["version"], e["state"], e["reason"]) for e in listed["not_serving"]] == [
+            ("1", "READY", entry["reason"])
+        ]
 
 
 async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
