@@ -57,6 +57,7 @@ def test_an_unknown_patchserve_variable_is_named_with_the_setting_it_resembles()
     "variable, value, says",
     [  # a second ops tester's: the server listened on every interface; drained for ever; polled each millisecond
         ("PATCHSERVE_HOST", "", "at least 1 character"),
+        ("PATCHSERVE_MODEL_REPOSITORY", " ", "it is empty"),  # Path("") is the working folder
         ("PATCHSERVE_DRAIN_DELAY", "1e12", "less than or equal to 3600"),
         ("PATCHSERVE_GRACEFUL_SHUTDOWN_TIMEOUT", "99999999", "less than or equal to 86400"),
         ("PATCHSERVE_REPOSITORY_POLL_SECONDS", "0.001", "0 (no polling) or at least 0.1"),

@@ -106,13 +106,3 @@ def test_a_folder_that_cannot_be_read_stops_the_start_naming_it(tmp_path: Path, 
     monkeypatch.setattr(Path, "is_file", refuse)
     with pytest.raises(RepositoryError, match=r"vit-digits/3/model.onnx: cannot be read \(Permission denied\)"):
         discover(tmp_path)
-
-
-def test_an_empty_repository_setting_is_refused_not_read_as_the_working_folder(monkeypatch, capsys) -> None:
-    from service.core.settings import load_settings
-
-    monkeypatch.setenv("PATCHSERVE_MODEL_REPOSITORY", "")
-    with pytest.raises(SystemExit) as stopped:
-        load_settings()
-    error = capsys.readouterr().err
-    assert stopped.value.code == 2 and "PATCHSERVE_MODEL_REPOSITORY" in error and "it is empty" in error
