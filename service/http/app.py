@@ -155,7 +155,8 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
     tuning = control.loader.tuner
     loaded: dict[tuple[str, int], ModelVersion] = {}
     with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
-        while todo := [(n, v, f) for n, v, f in control.startup_versions() if (n, v) not in loaded]:
+        todo = control.startup_versions()
+        while todo:
             for name, version, folder in todo:
                 lifecycle.stop_if_shutting_down()
                 try:
@@ -164,6 +165,9 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
                     raise
                 except Exception as exc:  # its failure recorded, the next pass's policies leave it out
                     _failed_at_start(control, name, version, folder, exc)
+            if all((n, v) in loaded for n, v, _ in todo):
+                break  # the repository is read again only after a failure: what the policies select instead
+            todo = [(n, v, f) for n, v, f in control.startup_versions() if (n, v) not in loaded]
     models = list(loaded.values())
     for model in models:
         lifecycle.stop_if_shutting_down()

@@ -55,14 +55,9 @@ def require_task(model: ModelVersion, task: Task[Any]) -> None:
     )
 
 
-_OPTIONS: dict[str, frozenset[str]] = {}  # by task name
-
-
 def _options(task: Task[Any]) -> frozenset[str]:
     """The query parameters of ``task``'s route, which a multipart form field of the same name is refused for."""
-    if (options := _OPTIONS.get(task.name)) is None:
-        options = _OPTIONS[task.name] = frozenset(task.Params.model_fields) | {"version", "timeout"}
-    return options
+    return frozenset(task.Params.model_fields).union(("version", "timeout"))
 
 
 def _prefers_png(request: Request) -> bool:
