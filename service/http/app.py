@@ -47,13 +47,14 @@ from service.runtime.control_signal import FILE_NAME, ControlSignal, follow
 from service.runtime.cpus import ThreadPlan, plan_threads, usable_cpus
 from service.runtime.loading import Loader
 from service.runtime.manifest import ManifestError, load_manifest
-from service.runtime.model_control import UNAVAILABLE, ModelControl, VersionState
+from service.runtime.model_control import ModelControl
 from service.runtime.repository import ModelRepository, ModelVersion, discover
 from service.runtime.repository_folder import fingerprint
 from service.runtime.repository_watch import poll_forever
 from service.runtime.sessions import CUDA, CudaOptions, requested_providers
 from service.runtime.tuning import TuneCache, Tuner, default_cache_dir
 from service.runtime.version_policy import ConfigError, apply_policies, read_config
+from service.runtime.version_swaps import UNAVAILABLE, VersionState, VersionSwaps
 from service.runtime.worker_readiness import WorkerReadiness
 
 log = logging.getLogger(__name__)
@@ -143,7 +144,7 @@ def loader(settings: Settings, threads: ThreadPlan | None, tuning: Tuner | None)
 def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
     """Blocking: tune, create every session the version policies select and run each once per batch size.
 
-    A version whose graph fails to load is left out as the poller leaves one out (``model_control``'s
+    A version whose graph fails to load is left out as the poller leaves one out (``version_swaps``'s
     "Failure"): listed ``UNAVAILABLE`` with its reason, counted, and the policy selects among the
     others (``latest: 1`` with a broken version 2 serves version 1), so a worker started beside
     broken files serves what a running one does. Once nothing more is selected, what loaded serves.
@@ -152,7 +153,7 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
         StartupStopped: a shutdown was requested meanwhile (checked before each version and tuning point).
         RepositoryError: no version at all could be loaded (each failure's reason in the message).
     """
-    tuning = control.loader.tuner
+    tuning = control.swaps.loader.tuner
     loaded: dict[tuple[str, int], ModelVersion] = {}
     with tuning.exclusive() if tuning is not None else contextlib.nullcontext():  # one worker measures at a time
         todo = control.startup_versions()
@@ -160,7 +161,7 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
             for name, version, folder in todo:
                 lifecycle.stop_if_shutting_down()
                 try:
-                    loaded[(name, version)] = control.loader.load(name, version, folder)
+                    loaded[(name, version)] = control.swaps.loader.load(name, version, folder)
                 except lifecycle.StartupStopped:
                     raise
                 except Exception as exc:  # its failure recorded, the next pass's policies leave it out
@@ -266,13 +267,12 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     trim = malloc_trim()
     state.idle_trim = IdleTrim(trim) if trim is not None else None
     log.info("threads: %s", threads.reason)
-    state.control = control = ModelControl(
-        settings.model_repository,
+    swaps = VersionSwaps(
         loader(settings, threads, tuner(settings)),
         ModelRepository(settings.model_repository),
         drain_margin=settings.body_timeout,
-        signal=control_signal(settings),
     )
+    state.control = control = ModelControl(settings.model_repository, swaps, signal=control_signal(settings))
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:

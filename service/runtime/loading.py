@@ -4,7 +4,7 @@
 threads, the auto-tuner) and :meth:`Loader.load` turns one ``<name>/<version>/`` folder into a
 :class:`~service.runtime.repository.ModelVersion` whose batcher is not started yet. It is blocking and
 runs in a worker thread, at start-up for every version and later for each version published
-while the server serves (:mod:`service.runtime.model_control`).
+while the server serves (:mod:`service.runtime.version_swaps`).
 
 While other models serve, the auto-tuner never measures (a measurement taken while the CPU is
 shared with live traffic would be wrong, and would slow that traffic): a live load takes the

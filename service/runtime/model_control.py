@@ -1,10 +1,12 @@
-"""Changing what is served while serving: load, validate, warm up, swap in; retire, drain, release.
+"""Changing what is served while serving: which versions should serve, and the repository API.
 
 :class:`ModelControl` keeps one worker's :class:`~service.runtime.repository.ModelRepository` (the
 routing table) in line with the repository folder and each model's version policy
 (:mod:`service.runtime.version_policy`). It is driven by the poller (:mod:`service.runtime.repository_watch`,
 ``PATCHSERVE_REPOSITORY_POLL_SECONDS``) and by the repository API
-(``POST /v2/repository/models/{name}/load|unload``, :mod:`service.http.routes.repository`).
+(``POST /v2/repository/models/{name}/load|unload``, :mod:`service.http.routes.repository`). It decides;
+its :class:`~service.runtime.version_swaps.VersionSwaps` loads, swaps in, retires and releases each
+version (the swap, the retirement and a failure are described there).
 
 **A version counts** once its folder holds ``model.json`` and ``model.onnx`` (a folder whose name
 starts with a dot is ignored). The poller also waits until both files' sizes and modification
@@ -12,22 +14,9 @@ times are the same at two polls in a row, so a copy still being written is not l
 publishing atomically (write ``.2.partial/``, then rename it to ``2``) makes that wait harmless.
 The load API takes the folder as it is at once.
 
-**Swap.** A new version is loaded in a worker thread (manifest, sessions, the graph's input and
-outputs checked against the manifest, the auto-tuner's cached result, one warm-up run per batch
-size), so requests to every other version go on meanwhile; only then is its batcher started and
-it enters the routing table. The event loop makes that one step: a request sees the old table or the new one.
-
-**Retire.** A version the policy no longer selects (or whose folder went, or whose model was
-unloaded) leaves the routing table at once: no new request reaches it. Requests that reached it
-hold it (:meth:`ModelRepository.use`) until answered; once none holds it (or after its request
-timeout and ``drain_margin`` seconds) its batcher stops, its sessions and buffers are let go, and
-it is listed ``UNAVAILABLE`` ``"unloaded"`` (Triton's) until its folder goes.
-
-**Failure.** A version that fails to load never enters the table, so it never displaces the one
-serving: the policy then selects among the others (loading the next one it picks), and the failure
-is logged, counted in ``patchserve_model_loads_total{outcome="failure"}`` and shown with its reason
-until its files change (the poller then tries again) or a load asks again; a version rewritten in
-place whose new files fail stays ``READY`` on its earlier ones, with that reason.
+**Failure.** A version that fails to load never displaces the one serving: the policy then selects
+among the others (loading the next one it picks), and the version is tried again once its files
+change (the poller) or a load asks again.
 
 Every method runs on the event loop; one change at a time (a lock), so two loads never compete.
 """
@@ -35,61 +24,50 @@ Every method runs on the event loop; one change at a time (a lock), so two loads
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from service.core import metrics
-from service.core.errors import BadRequest, RepositoryError
+from service.core.errors import BadRequest
 from service.runtime.control_signal import ControlSignal
-from service.runtime.loading import Loader
 from service.runtime.repository import NAME_PATTERN, ModelRepository, ModelVersion
-from service.runtime.repository_folder import Fingerprint, Found, fingerprint, scan
+from service.runtime.repository_folder import Fingerprint, Found, scan
 from service.runtime.version_policy import ConfigError, VersionPolicy, apply_policies, read_config
+from service.runtime.version_swaps import READY, UNAVAILABLE, VersionState, VersionSwaps
 
 log = logging.getLogger(__name__)
-
-LOADING, READY, UNLOADING, UNAVAILABLE = "LOADING", "READY", "UNLOADING", "UNAVAILABLE"  # Triton's states
-
-
-@dataclass
-class VersionState:
-    """A version that is not (or not only) serving: loading, unloading, or unavailable with a reason."""
-
-    state: str
-    reason: str = ""
-    fingerprint: Fingerprint | None = None  # the files that failed: tried again once they change
-    failed: bool = False  # UNAVAILABLE because loading failed (else: unloaded)
 
 
 @dataclass
 class ModelControl:
-    """One worker's loads, swaps and retirements (see the module's docstring).
+    """One worker's model control: what should serve, and the repository API (see the module's docstring).
 
     Args:
         root: the repository folder.
-        loader: loads one version (blocking).
-        repository: the routing table it changes.
-        drain_margin: seconds past a retiring version's own request timeout (its manifest's
-            ``batching.request_timeout``, else the setting) that it waits for its requests before
-            it is released: by then each of them has had its answer or its 504.
+        swaps: loads, swaps in, retires and releases one version at a time, on the routing table it
+            holds (:attr:`repository`), with the loader and drain margin it holds.
+        signal: with several workers, what tells the others of the load API's changes (None: one worker).
     """
 
     root: Path
-    loader: Loader
-    repository: ModelRepository
-    drain_margin: float = 30.0
+    swaps: VersionSwaps
     signal: ControlSignal | None = None  # with several workers: API changes go to every worker
-    states: dict[str, dict[int, VersionState]] = field(default_factory=dict)
     overrides: dict[str, VersionPolicy] = field(default_factory=dict)  # from the load API's config
     unloaded: set[str] = field(default_factory=set)  # unloaded by the API: not served until loaded again
     config_errors: dict[str, str] = field(default_factory=dict)
-    _serving: dict[tuple[str, int], Fingerprint | None] = field(default_factory=dict)  # files of each routed version
     _seen: dict[tuple[str, int], Fingerprint | None] = field(default_factory=dict)  # at the previous poll
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    _retiring: set[asyncio.Task[None]] = field(default_factory=set)
     _warned: set[str] = field(default_factory=set)
+
+    @property
+    def repository(self) -> ModelRepository:
+        """The routing table it keeps in line (the swaps')."""
+        return self.swaps.repository
+
+    @property
+    def states(self) -> dict[str, dict[int, VersionState]]:
+        """Each model's versions not (or not only) serving, by version (the swaps')."""
+        return self.swaps.states
 
     # What is on disk, and what should serve.
 
@@ -130,10 +108,12 @@ class ModelControl:
         return [(name, version, found.folder) for name, version, found in chosen]
 
     def adopt(self, model: ModelVersion) -> None:
-        """A version loaded at start-up (its batcher started): route it and count its load."""
-        self._serving[(model.name, model.version)] = fingerprint(model.path)
-        self.repository.add(model)
-        _loaded(model)
+        """Route a version start-up loaded and count its load: :meth:`VersionSwaps.adopt`."""
+        self.swaps.adopt(model)
+
+    async def until_retired(self) -> None:
+        """:meth:`VersionSwaps.until_retired`: every retiring version released (tests; shutdown)."""
+        await self.swaps.until_retired()
 
     # Changes.
 
@@ -175,7 +155,7 @@ class ModelControl:
                 return
             loadable, kept = self._candidates(name, found, routed, states, settled=settled, force=force)
         available = set(loadable) | kept
-        tried = {v for v in routed if v in loadable and self._serving.get((name, v)) == loadable[v].fingerprint}
+        tried = {v for v in routed if v in loadable and self.swaps.serving.get((name, v)) == loadable[v].fingerprint}
         failed = False
         while True:  # a failure leaves a version out, and the policy may then select one not loaded yet
             wanted = policy.select(available) if policy is not None else set()
@@ -184,7 +164,7 @@ class ModelControl:
                 break
             for version in todo:
                 tried.add(version)
-                if not await self._load(name, version, loadable[version]) and version not in routed:
+                if not await self.swaps.load(name, version, loadable[version]) and version not in routed:
                     available.discard(version)
                     failed = True
         pending = set(found) - available  # folders that failed, or are not complete (or settled) yet
@@ -196,7 +176,7 @@ class ModelControl:
                 log.error("model %s: no version its policy selects could be loaded; what serves is unchanged", name)
             wanted = set(routed)
         for version in sorted(set(self.repository.models.get(name, {})) - wanted):  # listed "unloaded", as Triton
-            self._retire(self.repository.remove(name, version), "unloaded")  # (forgotten once its folder goes)
+            self.swaps.retire(self.repository.remove(name, version), "unloaded")  # (forgotten once its folder goes)
         if not states:
             self.states.pop(name, None)
 
@@ -210,89 +190,12 @@ class ModelControl:
             key, fp = (name, version), entry.fingerprint
             previous, self._seen[key] = self._seen.get(key), fp
             failed = states.get(version)
-            complete = fp is not None and (not settled or previous == fp or self._serving.get(key) == fp)
+            complete = fp is not None and (not settled or previous == fp or self.swaps.serving.get(key) == fp)
             if complete and (force or failed is None or not failed.failed or failed.fingerprint != fp):
                 loadable[version] = entry
             elif version in routed:
                 kept.add(version)  # still being written, or the rewrite failed: the old files' sessions serve
         return loadable, kept
-
-    async def _load(self, name: str, version: int, found: Found) -> bool:
-        """Load, check and warm up one version off the event loop, then route it. Returns success."""
-        states = self.states.setdefault(name, {})
-        states[version] = VersionState(LOADING)
-        routed = self.repository.models.get(name, {})
-        serving = routed[max(routed)] if routed else None
-        log.info("model %s version %d: loading %s while serving", name, version, found.folder)
-        try:
-            model = await asyncio.get_running_loop().run_in_executor(
-                None, self._load_blocking, name, version, found, serving
-            )
-        except Exception as exc:
-            reason = str(exc) if isinstance(exc, RepositoryError) else f"{type(exc).__name__}: {exc}"
-            log.error("model %s version %d: failed to load; what serves is unchanged: %s", name, version, reason)
-            metrics.MODEL_LOADS.labels(name, str(version), "failure").inc()
-            states[version] = VersionState(UNAVAILABLE, reason, found.fingerprint, failed=True)
-            await asyncio.to_thread(gc.collect)  # the failed sessions' memory goes back now
-            return False
-        await model.batcher.start()
-        del states[version]
-        self._serving[(name, version)] = found.fingerprint
-        replaced = self.repository.add(model)
-        _loaded(model)
-        log.info("model %s version %d: serving", name, version)
-        if replaced is not None:  # the same version number with new files: the old sessions retire
-            replaced.retiring = True
-            self._retire(replaced, "")
-        return True
-
-    def _load_blocking(self, name: str, version: int, found: Found, serving: ModelVersion | None) -> ModelVersion:
-        model = self.loader.load(name, version, found.folder, live=True, serving=serving)
-        if not model.runner.providers.ok:
-            raise RuntimeError(model.runner.providers.reason)
-        model.warm_up()
-        return model
-
-    def _retire(self, model: ModelVersion, reason: str) -> None:
-        """``model`` is out of the routing table: finish its requests in the background, then release it."""
-        states = self.states.setdefault(model.name, {})
-        if model.version not in self.repository.models.get(model.name, {}):
-            states[model.version] = VersionState(UNLOADING, reason)
-        task = asyncio.create_task(self._drain(model, reason), name=f"retire-{model.name}-{model.version}")
-        self._retiring.add(task)
-        task.add_done_callback(self._retiring.discard)
-
-    def drain_timeout(self, model: ModelVersion) -> float:
-        """Most seconds retiring ``model`` waits for its requests: its request timeout and ``drain_margin``."""
-        return model.batcher.config.request_timeout + self.drain_margin
-
-    async def _drain(self, model: ModelVersion, reason: str) -> None:
-        log.info("model %s version %d: retiring; finishing its %d request(s)", model.name, model.version, model.users)
-        drain_timeout = self.drain_timeout(model)
-        try:
-            await asyncio.wait_for(model.until_unused(), drain_timeout)
-        except TimeoutError:
-            log.warning("model %s version %d: %d request(s) still held it after %.0f s; releasing it anyway",
-                        model.name, model.version, model.users, drain_timeout)  # fmt: skip
-        await model.release()
-        states = self.states.get(model.name, {})
-        if model.version not in self.repository.models.get(model.name, {}):  # (else: new files of it serve)
-            labels = (model.name, str(model.version), model.manifest.task, model.runner.providers.primary)
-            metrics.MODEL_INFO.labels(*labels).set(0)
-            self._serving.pop((model.name, model.version), None)
-            if states.get(model.version, VersionState("")).state == UNLOADING:
-                if reason:
-                    states[model.version] = VersionState(UNAVAILABLE, reason)
-                else:
-                    del states[model.version]
-        if not states:
-            self.states.pop(model.name, None)
-        log.info("model %s version %d: released", model.name, model.version)
-
-    async def until_retired(self) -> None:
-        """Wait until every retiring version has been released (tests; shutdown)."""
-        while self._retiring:
-            await asyncio.wait(set(self._retiring))
 
     # The load API.
 
@@ -364,7 +267,7 @@ class ModelControl:
             self.unloaded.add(name)
             self.overrides.pop(name, None)
             for version in sorted(self.repository.models.get(name, {})):
-                self._retire(self.repository.remove(name, version), "unloaded")
+                self.swaps.retire(self.repository.remove(name, version), "unloaded")
 
     # What is served, for the index and GET /v1/models.
 
@@ -391,10 +294,3 @@ class ModelControl:
                 )
                 entries.append({"name": name, "version": "", "state": UNAVAILABLE, "reason": reason})
         return entries
-
-
-def _loaded(model: ModelVersion) -> None:
-    metrics.MODEL_LOADS.labels(model.name, str(model.version), "success").inc()
-    info = (model.name, str(model.version), model.manifest.task, model.runner.providers.primary)
-    metrics.MODEL_INFO.labels(*info).set(1)
-    metrics.export_choices(model)

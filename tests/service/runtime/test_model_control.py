@@ -193,15 +193,15 @@ async def test_a_retiring_version_waits_for_its_own_request_timeout(repository: 
     async with running_app(settings) as client:
         v1 = client.app.state.server.repository.get("vit-digits", "1")
         assert v1.batcher.config.request_timeout == 10.0
-        assert control(client).drain_timeout(v1) == 10.0 + 2.0
+        assert control(client).swaps.drain_timeout(v1) == 10.0 + 2.0
 
 
 async def test_the_drain_waits_drain_timeout_then_releases_a_version_still_held(
     repository: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The reviewer's follow-up: the test above checked the figure, not that the drain waits it.
-    # asyncio.wait_for, as model_control sees it, records its timeout and reports it expired at once.
-    from service.runtime import model_control
+    # asyncio.wait_for, as version_swaps sees it, records its timeout and reports it expired at once.
+    from service.runtime import version_swaps
 
     waited: list[float | None] = []
 
@@ -220,7 +220,7 @@ async def test_the_drain_waits_drain_timeout_then_releases_a_version_still_held(
     async with running_app(settings) as client:
         server = client.app.state.server
         with server.repository.use("vit-digits", "1") as v1:  # a request holding it: the drain must wait
-            monkeypatch.setattr(model_control, "asyncio", Asyncio())
+            monkeypatch.setattr(version_swaps, "asyncio", Asyncio())
             assert (await client.post(UNLOAD)).status_code == 200
             await control(client).until_retired()
             monkeypatch.undo()
@@ -445,7 +445,7 @@ async def test_a_version_rewritten_in_place_with_broken_files_stays_ready_and_sa
 
 async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
     async with running_app(make_settings(model_control_api=True, model_repository=repository)) as client:
-        loader, proceed = control(client).loader, threading.Event()
+        loader, proceed = control(client).swaps.loader, threading.Event()
 
         class SlowLoader:  # the load of version 2 waits, in its worker thread, until told to go on
             tuner = loader.tuner
@@ -454,7 +454,7 @@ async def test_a_load_in_progress_stalls_no_request(repository: Path) -> None:
                 proceed.wait(60)
                 return loader.load(*args, **kwargs)
 
-        control(client).loader = SlowLoader()
+        control(client).swaps.loader = SlowLoader()
         publish(repository, "vit-digits", 2)
         loading = asyncio.create_task(client.post(LOAD))
         await until(lambda: control(client).states.get("vit-digits", {}).get(2) is not None, "version 2 loading")
