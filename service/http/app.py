@@ -21,7 +21,6 @@ from fastapi import FastAPI
 
 from service.batching.config import BatchingConfig
 from service.core import lifecycle
-from service.core import metrics as core_metrics
 from service.core.errors import RepositoryError
 from service.core.logs import DECODE_THREADS
 from service.core.memory import IdleTrim, malloc_trim
@@ -54,7 +53,7 @@ from service.runtime.repository_watch import poll_forever
 from service.runtime.sessions import CUDA, CudaOptions, requested_providers
 from service.runtime.tuning import TuneCache, Tuner, default_cache_dir
 from service.runtime.version_policy import ConfigError, apply_policies, read_config
-from service.runtime.version_swaps import UNAVAILABLE, VersionState, VersionSwaps
+from service.runtime.version_swaps import VersionSwaps
 from service.runtime.worker_readiness import WorkerReadiness
 
 log = logging.getLogger(__name__)
@@ -165,7 +164,8 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
                 except lifecycle.StartupStopped:
                     raise
                 except Exception as exc:  # its failure recorded, the next pass's policies leave it out
-                    _failed_at_start(control, name, version, folder, exc)
+                    outcome = " at start-up; its policy picks among the rest"
+                    control.swaps.failed(name, version, fingerprint(folder), exc, outcome)
             if all((n, v) in loaded for n, v, _ in todo):
                 break  # the repository is read again only after a failure: what the policies select instead
             todo = [(n, v, f) for n, v, f in control.startup_versions() if (n, v) not in loaded]
@@ -178,18 +178,6 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
         failures = [f"{n}/{v}: {s.reason}" for n, states in control.states.items() for v, s in states.items()]
         raise RepositoryError("no model version could be loaded: " + "; ".join(failures))
     return models
-
-
-def _failed_at_start(control: ModelControl, name: str, version: int, folder: Path, exc: Exception) -> None:
-    reason = str(exc) if isinstance(exc, RepositoryError) else f"{type(exc).__name__}: {exc}"
-    log.error(
-        "model %s version %d: failed to load at start-up; its policy picks among the rest: %s",
-        name,
-        version,
-        reason,
-    )
-    core_metrics.MODEL_LOADS.labels(name, str(version), "failure").inc()
-    control.states.setdefault(name, {})[version] = VersionState(UNAVAILABLE, reason, fingerprint(folder), failed=True)
 
 
 async def _start_models(state: ServerState, control: ModelControl) -> None:
