@@ -271,6 +271,21 @@ class ModelControl:
 
     # What is served, for the index and GET /v1/models.
 
+    def not_serving(self, name: str) -> dict[int, VersionState]:
+        """Model ``name``'s versions that are loading, unloading or unavailable, by version, lowest first.
+
+        A serving version whose files were rewritten and failed is ``READY`` here (still ``failed``),
+        with the reason "serving earlier files; new ones failed: <reason>": its earlier files serve;
+        its new ones do not.
+        """
+        routed = self.repository.models.get(name, {})
+        return {
+            v: VersionState(READY, f"serving earlier files; new ones failed: {s.reason}", s.fingerprint, failed=True)
+            if s.failed and v in routed
+            else s
+            for v, s in sorted(self.states.get(name, {}).items())
+        }
+
     def index(self) -> list[dict[str, str]]:
         """Every model in the folder or served, by version: Triton's repository index entries."""
         try:
@@ -281,11 +296,9 @@ class ModelControl:
         entries = []
         for name in sorted(names):
             versions = {v: VersionState(READY) for v in self.repository.models.get(name, {})}
-            for version, state in self.states.get(name, {}).items():
-                if version not in versions:
+            for version, state in self.not_serving(name).items():
+                if version not in versions or state.failed:  # (serving: its new files failed, its earlier ones serve)
                     versions[version] = state
-                elif state.failed:  # rewritten in place and its new files failed: the earlier ones still serve
-                    versions[version] = VersionState(READY, f"serving earlier files; new ones failed: {state.reason}")
             for version, state in sorted(versions.items()):
                 entries.append({"name": name, "version": str(version), "state": state.state, "reason": state.reason})
             if not versions:

@@ -16,18 +16,12 @@ router = APIRouter(prefix="/v1/models", tags=["models"])
 def _not_serving(state: State, name: str) -> list[dict[str, str]]:
     """The model's versions that are loading, unloading or unavailable, each with its state and reason.
 
-    A serving version whose files were rewritten and failed is ``READY`` here with that reason, as in
-    the repository index: its earlier files serve (it is under ``versions`` too); its new ones do not.
+    As in the repository index (:meth:`~service.runtime.model_control.ModelControl.not_serving`): a
+    serving version whose files were rewritten and failed is ``READY`` here with that reason (it is
+    under ``versions`` too).
     """
-    control = state.control
-    versions = control.states.get(name, {}) if control is not None else {}
-    serving = state.repository.models.get(name, {}) if state.repository is not None else {}
-    return [
-        {"version": str(v), "state": "READY", "reason": f"serving earlier files; new ones failed: {s.reason}"}
-        if s.failed and v in serving
-        else {"version": str(v), "state": s.state, "reason": s.reason}
-        for v, s in sorted(versions.items())
-    ]
+    versions = state.control.not_serving(name) if state.control is not None else {}
+    return [{"version": str(v), "state": s.state, "reason": s.reason} for v, s in versions.items()]
 
 
 def _policy(state: State, name: str) -> dict[str, Any] | None:
