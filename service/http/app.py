@@ -18,6 +18,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from starlette.types import Scope
 
 from service.batching.config import BatchingConfig
 from service.core import lifecycle
@@ -57,6 +58,19 @@ from service.runtime.version_swaps import VersionSwaps
 from service.runtime.worker_readiness import WorkerReadiness
 
 log = logging.getLogger(__name__)
+
+PROBES = EXEMPT_PATHS | v2.PROBE_PATHS  # liveness, readiness, metrics, and KServe's /v2/health/*
+
+
+def admission_exempt(scope: Scope) -> bool:
+    """Whether admission lets a request through as it is (never refused, no body timeout).
+
+    :data:`PROBES` by any method, and a GET or HEAD of a model's readiness (``/v2/models/{name}/ready``,
+    ``.../versions/{v}/ready``: :data:`~service.http.routes.v2.MODEL_READY` matched whole), which
+    KServe probes too: a busy worker is not an unready model.
+    """
+    path = scope["path"]
+    return path in PROBES or (scope.get("method") in ("GET", "HEAD") and v2.MODEL_READY.fullmatch(path) is not None)
 
 
 def startup_versions(settings: Settings) -> list[tuple[str, int, Path]]:
@@ -319,8 +333,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         body_timeout=settings.body_timeout,
         drain_bytes=settings.max_body_bytes,
         max_buffered_bytes=settings.max_buffered_bytes,
-        exempt=EXEMPT_PATHS | v2.PROBE_PATHS,  # KServe probes /v2/health/*: never refused either
-        exempt_pattern=v2.MODEL_READY,  # nor a model's readiness (a busy worker is not an unready model)
+        exempt=admission_exempt,
         idle=state.idle_trim,
     )
     public = docs.PUBLIC_PATHS + (playground.PUBLIC_PATHS if settings.playground else ())
@@ -329,7 +342,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         openapi.declare_bearer(app, keyless)
     app.add_middleware(AccessLogMiddleware)
     if tracer is not None:  # inside the request id (which it records), outside everything that may refuse
-        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=EXEMPT_PATHS | v2.PROBE_PATHS)
+        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=PROBES)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
     return app
 

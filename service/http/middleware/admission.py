@@ -4,9 +4,10 @@ Three limits, all answered as problem+json (on /v2 as the protocol's ``{"error":
 
 * **Requests in flight.** Each worker holds at most ``max_in_flight`` requests at once; one more
   is refused with 503 and ``Retry-After`` before it runs, its body never kept, so a burst
-  cannot pile up uploads, decoded images or queued tensors in memory. Liveness, readiness and
-  metrics (``/healthz``, ``/readyz``, ``/metrics``) are never refused: a busy server stays
-  observable and is not restarted for being busy. Behind this cap the batcher's bounded queue
+  cannot pile up uploads, decoded images or queued tensors in memory. What the ``exempt``
+  predicate picks is never refused (by default liveness, readiness and metrics: ``/healthz``,
+  ``/readyz``, ``/metrics``; the app adds KServe's probes, :func:`service.http.app.admission_exempt`):
+  a busy server stays observable and is not restarted for being busy. Behind this cap the batcher's bounded queue
   (503) and request deadlines (504) apply. The refused request's body is read and dropped
   (never kept: one chunk at a time, at most ``drain_bytes`` and :data:`DRAIN_SECONDS`) before
   the 503 is sent: a client that writes its whole body before reading its answer (most HTTP
@@ -37,8 +38,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
-import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -51,6 +52,7 @@ from service.http.lifetime import BODY_DROPPED, HOLD_MORE_BODY, content_length, 
 from service.http.problems import error_response_for
 
 EXEMPT_PATHS = frozenset({"/healthz", "/readyz", "/metrics"})
+Exempt = Callable[[Scope], bool]  # whether admission lets an HTTP request through as it is
 # Most seconds a refused request's body is read for (and the body timeout): a 17 MB upload among
 # 200 took ~10 s to arrive on a loaded 2-core machine, and 5 s turned most such 503s into resets.
 DRAIN_SECONDS = 30.0
@@ -64,6 +66,11 @@ SHUTDOWN_POLL_SECONDS = 0.25  # how often a waiting request looks whether the se
 
 _DRAINING_SEND = "admission_draining_send"  # (state keys) its send drains a body refused mid-way first
 _DRAIN_FIRST = "admission_drain_first"  # the body was refused mid-way: drain it before the answer
+
+
+def exempt_paths(scope: Scope) -> bool:
+    """A request for one of :data:`EXEMPT_PATHS`, by any method: the default :data:`Exempt`."""
+    return scope["path"] in EXEMPT_PATHS
 
 
 def _declared_length(scope: Scope) -> int:
@@ -83,10 +90,11 @@ class AdmissionMiddleware:
 
     Args:
         app: the ASGI application behind it.
-        max_in_flight: most requests (exempt paths aside) this worker holds at once.
+        max_in_flight: most requests (exempt ones aside) this worker holds at once.
         body_timeout: seconds from a request's arrival to the end of its body.
         retry_after: the ``Retry-After`` of a refusal, in seconds.
-        exempt: paths that are never refused and have no body timeout.
+        exempt: whether an HTTP request is let through as it is: never refused, no body timeout,
+            not counted in flight (its ``scope``; by default :func:`exempt_paths`).
         drain_bytes: most body bytes read and dropped before a refusal is sent (the body cap).
         max_buffered_bytes: most body bytes the requests held keep at once (None: no bound).
         idle: told when the worker takes a request and when it holds none any more (gives freed
@@ -100,8 +108,7 @@ class AdmissionMiddleware:
         max_in_flight: int,
         body_timeout: float,
         retry_after: int = 1,
-        exempt: frozenset[str] = EXEMPT_PATHS,
-        exempt_pattern: re.Pattern[str] | None = None,
+        exempt: Exempt = exempt_paths,
         drain_bytes: int = 32 * 1024 * 1024,
         max_buffered_bytes: int | None = None,
         idle: IdleTrim | None = None,
@@ -115,12 +122,11 @@ class AdmissionMiddleware:
         self.body_timeout = body_timeout
         self.retry_after = retry_after
         self.exempt = exempt
-        self.exempt_pattern = exempt_pattern
         self.in_flight = 0
         self.idle = idle
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.exempt or self._exempt_probe(scope):
+        if scope["type"] != "http" or self.exempt(scope):
             await self.app(scope, receive, send)
             return
         if self.in_flight >= self.max_in_flight:
@@ -154,11 +160,6 @@ class AdmissionMiddleware:
             self.in_flight -= 1
             if self.in_flight == 0 and self.idle is not None:
                 self.idle.idle()
-
-    def _exempt_probe(self, scope: Scope) -> bool:
-        """A GET or HEAD of a path that ``exempt_pattern`` matches whole (a model's readiness probe)."""
-        pattern = self.exempt_pattern
-        return pattern is not None and scope.get("method") in ("GET", "HEAD") and bool(pattern.fullmatch(scope["path"]))
 
     def _draining_send(self, receive: Receive, send: Send, state: dict[str, Any], held: list[int]) -> Send:
         """``send`` that, before the 503 of a chunked body past the budget, gives its bytes back and drains it.

@@ -111,13 +111,13 @@ async def test_exempt_paths_are_served_while_the_worker_is_full() -> None:
 
 
 async def test_only_a_get_or_head_of_a_whole_readiness_path_is_exempt() -> None:
+    from service.http.app import admission_exempt
     from service.http.middleware.admission import AdmissionMiddleware
-    from service.http.routes.v2 import MODEL_READY
 
     async def app(scope, receive, send) -> None:  # never reached by the refused
         raise AssertionError(scope["path"])
 
-    middleware = AdmissionMiddleware(app, max_in_flight=0, body_timeout=1.0, exempt_pattern=MODEL_READY)
+    middleware = AdmissionMiddleware(app, max_in_flight=0, body_timeout=1.0, exempt=admission_exempt)
     for method, path, exempt in [
         ("GET", "/v2/models/vit-digits/ready", True),
         ("HEAD", "/v2/models/vit-digits/versions/1/ready", True),
@@ -125,8 +125,11 @@ async def test_only_a_get_or_head_of_a_whole_readiness_path_is_exempt() -> None:
         ("GET", "/v2/models/vit-digits/ready/x", False),
         ("GET", "/v2/models/a/b/ready", False),
         ("GET", "/v1/models/vit-digits/ready", False),
+        ("POST", "/metrics", True),  # the fixed paths, by any method
+        ("DELETE", "/v2/health/ready", True),
+        ("GET", "/healthz/x", False),
     ]:
-        assert middleware._exempt_probe({"type": "http", "method": method, "path": path}) is exempt, (method, path)
+        assert middleware.exempt({"type": "http", "method": method, "path": path}) is exempt, (method, path)
 
 
 async def test_a_body_that_arrived_is_taken_even_when_the_app_reads_it_after_the_deadline() -> None:
