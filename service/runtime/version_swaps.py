@@ -23,7 +23,7 @@ until its files change (the poller then tries again) or a load asks again; a ver
 place whose new files fail stays ``READY`` on its earlier ones, with that reason.
 
 Every method but :meth:`VersionSwaps.failed` (also called from start-up's loading thread, before
-the event loop serves any model) runs on the event loop, under the model control's lock.
+any model serves) runs on the event loop; model control makes one change at a time (its lock).
 """
 
 from __future__ import annotations
