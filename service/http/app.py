@@ -342,7 +342,7 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
         openapi.declare_bearer(app, keyless)
     app.add_middleware(AccessLogMiddleware)
     if tracer is not None:  # inside the request id (which it records), outside everything that may refuse
-        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=PROBES)
+        app.add_middleware(TracingMiddleware, tracer=tracer, untraced=admission_exempt)  # probes: not traced
     app.add_middleware(RequestIdMiddleware)  # outermost: every line and problem carries the request id
     return app
 

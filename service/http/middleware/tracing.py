@@ -7,7 +7,7 @@ HTTP request enters it. Off (no OTLP endpoint), the app factory does not install
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -15,7 +15,7 @@ from service.core.tracing import Tracer
 
 
 class TracingMiddleware:
-    """Pure ASGI middleware: a server span per HTTP request (except ``untraced`` paths).
+    """Pure ASGI middleware: a server span per HTTP request (except those ``untraced`` picks).
 
     The span is the current one while the app runs, so the hooks below parent their spans to
     it; a ``read body`` child spans the first to the last body message received. Install it
@@ -24,16 +24,17 @@ class TracingMiddleware:
     Args:
         app: the ASGI app to trace.
         tracer: the :class:`~service.core.tracing.Tracer`.
-        untraced: exact paths not traced (probes, scrapes).
+        untraced: whether an HTTP request is left untraced (its ``scope``): probes and scrapes,
+            by default none.
     """
 
-    def __init__(self, app: ASGIApp, *, tracer: Tracer, untraced: Iterable[str] = ()) -> None:
+    def __init__(self, app: ASGIApp, *, tracer: Tracer, untraced: Callable[[Scope], bool] | None = None) -> None:
         self.app = app
         self.tracer = tracer
-        self.untraced = frozenset(untraced)
+        self.untraced = untraced
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.untraced:
+        if scope["type"] != "http" or (self.untraced is not None and self.untraced(scope)):
             await self.app(scope, receive, send)
             return
         from opentelemetry import context

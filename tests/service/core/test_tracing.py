@@ -244,9 +244,15 @@ async def test_in_process_each_request_and_batch_is_traced() -> None:
         )
         assert [r.json()["predictions"][0]["label"] for r in responses] == ["7"] * REQUESTS
         assert (await client.get("/healthz")).status_code == 200
+        assert (await client.get("/v2/models/vit-digits/ready")).status_code == 200
+        assert (await client.get("/v2/models/vit-digits/versions/1/ready")).status_code == 200
+        assert (await client.get("/v2/models/vit-digits")).status_code == 200  # metadata: traced
     spans = [_from_sdk(s) for s in exporter.get_finished_spans()]
     TraceCheck(callers, "vit-digits").assert_all(spans)
-    assert not [s for s in spans if s.attributes.get("url.path") in ("/healthz", "/readyz")]  # probes: untraced
+    paths = {s.attributes.get("url.path") for s in spans}
+    probes = {"/healthz", "/readyz", "/v2/models/vit-digits/ready", "/v2/models/vit-digits/versions/1/ready"}
+    assert not paths & probes  # probes, the app's and KServe's model readiness: untraced
+    assert "/v2/models/vit-digits" in paths
 
 
 @pytest.mark.anyio
