@@ -37,6 +37,9 @@
   ``/v2``) with httptools' reason, once the requests before them are answered (a queued request
   whose own chunked body broke is dropped unrun); a request line with a method token this server
   does not know is a 501 (RFC 9110, Sec. 9.1).
+* **The request's head** (:mod:`service.process.request_head`): a missing (HTTP/1.1), repeated or
+  invalid ``Host`` is a 400 (RFC 9112, Sec. 3.2), a ``Transfer-Encoding`` other than chunked a 501,
+  in turn as above, and the connection closes.
 * **Closing with unsent bytes.** A connection closed (keep-alive timeout, ``Connection: close``, a
   refusal) while its client has not read all of it is aborted after ``send_timeout``, also when
   fewer bytes than the transport's high-water mark wait, where writing never paused.
@@ -59,6 +62,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from service.core.errors import BadRequest, HeaderFieldsTooLarge, HeaderTimeout, NotImplementedHere, ProblemError
+from service.process import request_head
 
 log = logging.getLogger(__name__)
 
@@ -143,16 +147,10 @@ class BoundedProtocol(HttpToolsProtocol):
         if limit and size > limit:  # (whole in one read: the reads' count never saw it incomplete)
             self._too_large(limit)
             raise _StopParsing  # before uvicorn makes it a request; _StoppableParser swallows it
-        codings = [c.strip().lower() for n, v in self.headers if n == b"transfer-encoding" for c in v.split(b",")]
-        if any(c not in (b"chunked", b"") for c in codings):  # httptools reads chunked, and reads past the others
-            listed = b", ".join(c for c in codings if c)[:80].decode("latin-1")
-            log.info("client %s sent a body in Transfer-Encoding %r", self.client, listed)
-            self._refuse_in_turn(
-                NotImplementedHere(
-                    f"Transfer-Encoding {listed!r}: this server decodes chunked alone (RFC 9112, Sec. 6.1); "
-                    "send the body chunked or with a Content-Length (/v2 infer takes gzip as a Content-Encoding)"
-                )
-            )
+        refused = request_head.refusal(self.headers, self.parser.get_http_version())  # Host, Transfer-Encoding
+        if refused is not None:
+            log.info("client %s sent a request refused %d: %s", self.client, refused.status, refused.detail)
+            self._refuse_in_turn(refused)
             raise _StopParsing
         super().on_headers_complete()
 

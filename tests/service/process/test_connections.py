@@ -130,7 +130,7 @@ async def test_a_chunk_of_many_pipelined_requests_is_parsed_up_to_the_bound_and_
 def problems(transport: Transport) -> list[tuple[int, str, dict]]:
     """Each response written: its status, its content type and its JSON body (``{}`` when not JSON)."""
     answers = []
-    for response in transport.written.split(b"HTTP/1.1 ")[1:]:
+    for response in re.split(rb"HTTP/1\.1 (?=\d{3} )", transport.written)[1:]:  # (a detail may say "HTTP/1.1 ")
         head, _, body = response.partition(b"\r\n\r\n")
         fields = dict(line.split(b": ", 1) for line in head.split(b"\r\n")[1:])
         media = fields.get(b"content-type", b"").decode()
@@ -143,16 +143,21 @@ def problems(transport: Transport) -> list[tuple[int, str, dict]]:
     [
         (b"FOO /healthz HTTP/1.1\r\nHost: x\r\n\r\n", 501, "the method 'FOO' is not one this server knows"),
         (b"get /healthz HTTP/1.1\r\n\r\n", 501, "the method 'get' is not one"),  # methods are case-sensitive
-        (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", 501, "CONNECT is for proxies"),
+        (b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n", 501, "CONNECT is for proxies"),
         (b"NOT HTTP AT ALL\r\n\r\n", 400, "not valid HTTP/1.1: invalid method encountered"),
         (b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03", 400, "invalid method encountered"),  # TLS: not a 5xx
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", 400, "it begins as HTTP/2 does"),
-        (b"GET http://[ HTTP/1.1\r\n\r\n", 400, "a request line or header cannot be read"),
+        (b"GET http://[ HTTP/1.1\r\nHost: x\r\n\r\n", 400, "a request line or header cannot be read"),
         (b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip, chunked\r\n\r\n0\r\n\r\n", 501, "decodes chunked alone"),
         (b"GET /healthz HTTP/1.1\r\nHost x\r\n\r\n", 400, "not valid HTTP/1.1: invalid header token"),
         (b"GET /a\x00b HTTP/1.1\r\n\r\n", 400, "not valid HTTP/1.1: invalid char in url path"),
         (b"POST /v2/models/m/infer HTTP/1.1\r\nHost x\r\n\r\n", 400, "invalid header token"),  # /v2: {"error"}
         (b"FOO /v2/health/live HTTP/1.1\r\n\r\n", 501, "'FOO'"),  # a tester's: its URL is not parsed yet
+        # RFC 9112, Sec. 3.2: a missing, repeated or invalid Host is a 400 (uvicorn served them; a tester's)
+        (b"GET /healthz HTTP/1.1\r\n\r\n", 400, "an HTTP/1.1 request needs a Host header"),
+        (b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "the request has 2 Host headers"),
+        (b"GET /healthz HTTP/1.1\r\nHost: a b/c@@\r\n\r\n", 400, "the Host header 'a b/c@@' is not a host[:port]"),
+        (b"GET /v2/health/live HTTP/1.1\r\nHost: x:y\r\n\r\n", 400, "is not a host[:port]"),  # /v2: {"error"}
     ],
 )
 async def test_a_malformed_request_is_answered_with_a_problem_and_the_connection_closes(
@@ -166,6 +171,23 @@ async def test_a_malformed_request_is_answered_with_a_problem_and_the_connection
     assert (answered, media) == (status, "application/json" if v2 else "application/problem+json")
     assert detail in (body["error"] if v2 else body["detail"]) and transport.closed
     assert transport.written.count(b"\r\nx-request-id: ") == 1
+
+
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        b"GET /healthz HTTP/1.0\r\n\r\n",  # HTTP/1.0 may leave Host out
+        b"GET /healthz HTTP/1.1\r\nHost: [::1]:8000\r\n\r\n",  # an IP literal and a port
+        b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost: my-svc.ns.svc.cluster.local:80\r\n\r\n",
+        b"GET /healthz HTTP/1.1\r\nHost:\r\n\r\n",  # empty: a target without an authority (RFC 9112, Sec. 3.2)
+    ],
+)
+async def test_a_request_with_a_valid_host_or_none_in_http_1_0_is_served(request_bytes: bytes) -> None:
+    made, transport = protocol()
+    made.data_received(request_bytes)
+    await answered(transport, 1)
+    assert transport.written.startswith(b"HTTP/1.1 200 ")
 
 
 async def test_pipelined_requests_before_a_malformed_one_are_answered_first() -> None:
@@ -190,7 +212,7 @@ async def test_pipelined_requests_before_a_malformed_one_are_answered_first() ->
 
 async def test_a_body_longer_than_its_content_length_answers_the_request_then_says_so() -> None:
     made, transport = protocol()
-    made.data_received(b"POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\n12345\x89PNG\r\n\x1a\n more bytes")
+    made.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n12345\x89PNG\r\n\x1a\n more bytes")
     await closed(transport)
     [(first, _, _), (second, _, problem)] = problems(transport)
     assert (first, second) == (200, 400) and "more body than its Content-Length said" in problem["detail"]
@@ -199,7 +221,7 @@ async def test_a_body_longer_than_its_content_length_answers_the_request_then_sa
 async def test_the_content_length_hint_goes_with_bytes_after_a_sized_body_only() -> None:
     # A tester's: the hint came with a chunked request's own broken chunk after a sized POST, and not
     # when the extra bytes of a body came in a later read.
-    sized = b"POST /x HTTP/1.1\r\nContent-Length: 5\r\n\r\n12345"
+    sized = b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\n12345"
     hint = "more body than its Content-Length said"
     made, transport = protocol()
     made.data_received(sized)
@@ -208,7 +230,7 @@ async def test_the_content_length_hint_goes_with_bytes_after_a_sized_body_only()
     await closed(transport)
     assert hint in problems(transport)[-1][2]["detail"]
     made, transport = protocol()
-    made.data_received(sized + b"POST /y HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nXYZ\r\n")
+    made.data_received(sized + b"POST /y HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\nXYZ\r\n")
     await closed(transport)
     [(first, _, _), (second, _, problem)] = problems(transport)
     assert (first, second) == (200, 400) and hint not in problem["detail"]
@@ -219,7 +241,7 @@ async def test_a_queued_request_with_a_broken_body_is_dropped_and_the_one_before
     # check looked at the last request parsed (the POST, body unfinished) and refused at once.
     made, transport = protocol()
     gate = gated(made)
-    made.data_received(GET + b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
+    made.data_received(GET + b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
     assert transport.written == b"" and not made.pipeline  # the GET runs; the POST will never run
     gate.set()
     await closed(transport)
@@ -230,7 +252,7 @@ async def test_a_malformed_chunked_body_is_refused_at_once_not_after_its_request
     # its request cannot end (its body is broken): waiting for its answer would wait for ever
     made, transport = protocol()
     gated(made)  # never set: the request's answer would never come
-    made.data_received(b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
+    made.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nZZ\r\n")
     [(status, _, problem)] = problems(transport)
     assert status == 400 and "not valid HTTP/1.1" in problem["detail"] and transport.closed
 
