@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import AsyncIterator
 from concurrent.futures import Executor
 
@@ -134,6 +135,9 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join([chunk async for chunk in _chunks(request, max_bytes)])
 
 
+_BOUNDARY_PARAMETER = re.compile(r";\s*boundary\s*=", re.IGNORECASE)  # a multipart Content-Type's
+
+
 async def _multipart_images(
     request: Request,
     content_type: str,
@@ -143,6 +147,8 @@ async def _multipart_images(
     max_parts: int,
     options: frozenset[str],
 ) -> list[bytes]:
+    if (named := len(_BOUNDARY_PARAMETER.findall(content_type))) > 1:  # python-multipart keeps the last
+        raise BadRequest(f"the Content-Type names {named} boundaries; send one (RFC 7578, Sec. 4.1)")
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
     if not boundary:
@@ -183,6 +189,14 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
                 f"the body is a {sniffed} file sent as Content-Type application/json: send it with its own type "
                 '(e.g. image/png), as multipart (curl -F image=@file), or as JSON {"images": ["<base64>"]}'
             ) from None
+        if "UTF-8" in str(exc):  # orjson's words, "str is not valid UTF-8: surrogates not allowed", at char 0
+            try:
+                body.decode()
+            except UnicodeDecodeError as bad:
+                raise BadRequest(
+                    f"the body is not valid JSON: it holds bytes that are not UTF-8 text (at byte {bad.start}; "
+                    "JSON is UTF-8, RFC 8259, Sec. 8.1)"
+                ) from None
         raise BadRequest(f"the body is not valid JSON: {exc}") from None
     encoded = document.get("images") if isinstance(document, dict) else None
     if not isinstance(encoded, list) or not encoded or not all(isinstance(s, str) for s in encoded):

@@ -96,6 +96,12 @@ async def test_the_default_part_limit_is_the_setting() -> None:
             "malformed multipart",
         ),
         (b"whatever", "multipart/form-data", "without a boundary"),
+        (  # a tester's: the last was used, and the body was "not starting with the boundary"
+            b"--XyZ\r\nContent-Disposition: form-data; name=image\r\n\r\nxx\r\n--XyZ--\r\n",
+            "multipart/form-data; boundary=XyZ; Boundary=Other",
+            "the Content-Type names 2 boundaries; send one",
+        ),
+        (b'{"images": ["iVBO"], "x": "\xff\xfe"}', "application/json", "it holds bytes that are not UTF-8 text"),
         (b"--" + b"B" * 257 + b"\r\n", "multipart/form-data; boundary=" + "B" * 257, "malformed multipart header"),
         (b"[1, 2]", "application/json", '{"images"'),
         (b'{"images": []}', "application/json", '{"images"'),
