@@ -74,9 +74,10 @@ class Settings(BaseSettings):
     scaled_decode: bool = Field(
         True,
         description="Decode a JPEG (libjpeg's DCT scaling, 1/2 to 1/8) or a WebP (libwebp's scaler) straight to "
-        "the smallest size still at least twice the model's input: a fraction of the CPU of a full-size decode of a "
-        "large photo, but not the same pixels as a full-size decode then resize, so scores differ slightly. False: "
-        "always decode at full size, as the Hugging Face pipelines do.",
+        "the smallest size still at least the model's input: 0.12-0.3x the CPU of a full-size decode of a large "
+        "photo, but not the same pixels as a full-size decode then resize, so scores differ (up to 0.2 in a "
+        "probability on the 32x32 vit-cifar10; docs/api.md). False: always decode at full size, as the Hugging "
+        "Face pipelines do.",
     )
     # Decoding budgets (service/imaging/pixel_budget.py): pixels as decoded (a JPEG after its DCT downscale).
     max_decoding_pixels: int = Field(

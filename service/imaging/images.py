@@ -49,13 +49,6 @@ warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
 # user's find); one-pixel-wide strips measured 17-25 bytes a row through the committed models'
 # preprocessing (8-bit grey, where a pixel is a byte). 32 bounds them, and adds 0.2 % to a 4000x3000 photo.
 LINE_PIXELS = 32
-# A JPEG is DCT-downscaled (draft mode) only as far as twice the size the caller resizes it to, as
-# Pillow's Image.thumbnail does by default (its reducing_gap=2.0: "very close to fair resampling"):
-# a draft just above the model's input (451x300 at 1/8 is 57x38 for a 32x32 input) keeps the 8x8
-# block grid's phase, which differs with the EXIF orientation of the same photo, so its eight
-# orientations scored up to 0.14 apart on vit-cifar10 and embedded at cosine 0.983 (a tester's
-# find); at twice the size 0.01 apart. A WebP's scaled decode goes to about twice its size too.
-DRAFT_REDUCING_GAP = 2
 
 
 @dataclass(frozen=True)
@@ -129,9 +122,9 @@ def decode_image(
         color_mode: Pillow mode the model wants, "L" or "RGB".
         max_pixels: largest width x height accepted, checked from the header before decoding.
         draft_size: (width, height) in displayed orientation the caller will resize to; a JPEG
-            is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least twice that
-            big (:data:`DRAFT_REDUCING_GAP`), and a still WebP (or an animated one's first frame)
-            by libwebp's rescaler to about twice that (:func:`~service.imaging.webp_scaled.webp_scaled`).
+            is then decoded at the smallest DCT scale (1/2, 1/4, 1/8) still at least that big,
+            and a still WebP (or an animated one's first frame) by libwebp's rescaler to about
+            twice that (:func:`~service.imaging.webp_scaled.webp_scaled`).
         background: (R, G, B) 0-255 under transparent pixels.
         limits: the structure and metadata limits of :func:`service.imaging.prescan.prescan`
             (default :class:`PrescanLimits`' defaults). An ICC profile or text chunk up to
@@ -298,8 +291,7 @@ def open_image(
         width, height = (stored_h, stored_w) if transposed else (stored_w, stored_h)
         if draft_size is not None and fmt in ("JPEG", "MPO") and not scanned.lossless:  # libjpeg cannot scale it
             stored_target = (draft_size[1], draft_size[0]) if transposed else draft_size
-            gap = (DRAFT_REDUCING_GAP * stored_target[0], DRAFT_REDUCING_GAP * stored_target[1])
-            image.draft("RGB" if color_mode == "RGB" else "L", gap)
+            image.draft("RGB" if color_mode == "RGB" else "L", stored_target)
         # A non-interleaved baseline JPEG (a scan per component) is held whole too: counted at its
         # draft size, 6324x6324 of them reserved 625,681 pixels and held 40 million (a reviewer's find).
         full = fmt == "WEBP" or (fmt in ("JPEG", "MPO") and (bool(image.info.get("progressive")) or scanned.multi_scan))

@@ -81,7 +81,7 @@ def test_draft_decoding_follows_the_orientation() -> None:
     data = save(Image.fromarray(stored), "JPEG", exif=exif)
     decoded = decode_image(data, color_mode="RGB", max_pixels=10**7, draft_size=(224, 224))
     assert (decoded.width, decoded.height) == (1600, 2400)  # displayed: turned upright
-    assert decoded.image.size == (800, 1200)  # DCT-scaled by 1/2 (1/4 is under twice 224), then turned
+    assert decoded.image.size == (400, 600)  # DCT-scaled by 1/4, then turned
 
 
 @pytest.mark.parametrize("name", ["16bit-gray.png", "16bit-gray.tif"])
@@ -300,20 +300,21 @@ def test_jpeg_draft_mode_decodes_a_large_photo_smaller() -> None:
     Image.fromarray(np.random.default_rng(0).integers(0, 255, (1600, 2400, 3), dtype=np.uint8)).save(buffer, "JPEG")
     decoded = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**7, draft_size=(224, 224))
     assert (decoded.width, decoded.height) == (2400, 1600)  # the full-resolution size is reported
-    # DCT-scaled by 1/2 while decoding: the smallest scale that keeps both sides >= twice 224, Pillow's
-    # reducing gap (1/4 gives 600x400, 1/8 300x200).
-    assert decoded.image.size == (1200, 800)
-    small = decode_image(buffer.getvalue(), color_mode="RGB", max_pixels=10**7, draft_size=(32, 32))
-    assert small.image.size == (300, 200)  # 1/8 is the smallest scale libjpeg has: 200 >= 64
+    # DCT-scaled by 1/4 while decoding: the smallest scale that keeps both sides >= 224 (1/8 gives 300x200).
+    assert decoded.image.size == (600, 400)
 
 
-def test_a_jpeg_and_its_exif_turned_copies_score_alike_with_scaled_decoding() -> None:
+@pytest.mark.parametrize("size", [(451, 300), (601, 401)])
+def test_a_jpeg_and_its_exif_turned_copies_score_as_the_docs_say(size: tuple[int, int]) -> None:
     """A photo whose sides are not multiples of the 8x8 block, stored in each of the eight EXIF
-    orientations so that all display alike: with the draft just above the 32x32 input (57x38 at
-    1/8) vit-cifar10's probabilities were up to 0.14 from the PNG's and 0.15 apart across the
-    orientations, its embeddings at cosine 0.978 from the PNG's (a tester's find); with the
-    reducing gap (1/4: 113x75) within 0.025 and 0.032 apart, at cosine 0.9976 or more (the scaled
-    decode's own cost: a full-size decode gives 0.007 and 0.9999)."""
+    orientations so that all display alike, against its PNG. Decoded at full size
+    (``PATCHSERVE_SCALED_DECODE=false``) the eight give the PNG's answer (probabilities within
+    0.007, embeddings at cosine 0.9999). Decoded at a DCT scale (the default) the draft lands just
+    above vit-cifar10's 32x32 input (57x38, 76x51) and the 8x8 block grid's phase, which follows
+    the stored orientation, moves the answer: up to 0.14 and 0.20 in a probability, cosine 0.978
+    (a tester's find; docs/api.md and docs/configuration.md give these bounds). Pillow's reducing
+    gap of 2 (decoding to twice the input) halved them at 451x300 but not at 803x534 (0.07), and
+    cost detectors 4x the decoded pixels: not taken."""
     import onnxruntime as ort
 
     from service.imaging.preprocess import Preprocessor
@@ -322,16 +323,14 @@ def test_a_jpeg_and_its_exif_turned_copies_score_alike_with_scaled_decoding() ->
     folder = ROOT / "model_repository" / "vit-cifar10" / "3"
     manifest = load_manifest(folder / "model.json")
     session = ort.InferenceSession(str(folder / "model.onnx"), providers=["CPUExecutionProvider"])
-    photo = Image.open(ROOT / "examples" / "chelsea.png").convert("RGB")
-    assert photo.size == (451, 300)
+    photo = Image.open(ROOT / "examples" / "chelsea.png").convert("RGB").resize(size, Image.Resampling.LANCZOS)
 
     def run(data: bytes, scaled: bool) -> tuple[np.ndarray, np.ndarray]:
         """(probabilities, unit embedding), float64."""
         pre = Preprocessor(manifest.preprocessing, scaled_decode=scaled)
         decoded = decode_image(data, color_mode="RGB", max_pixels=10**7, draft_size=pre.draft_size)
-        logits, embedding = session.run(
-            ["logits", "embedding"], {session.get_inputs()[0].name: pre(decoded.image)[None]}
-        )
+        name = session.get_inputs()[0].name
+        logits, embedding = session.run(["logits", "embedding"], {name: pre(decoded.image)[None]})
         e = np.exp(logits[0].astype(np.float64) - logits[0].max())
         return e / e.sum(), embedding[0].astype(np.float64) / np.linalg.norm(embedding[0])
 
@@ -346,17 +345,16 @@ def test_a_jpeg_and_its_exif_turned_copies_score_alike_with_scaled_decoding() ->
         7: Image.Transpose.TRANSVERSE,
         8: Image.Transpose.ROTATE_270,
     }
-    scores = []
     for orientation, stored in stored_as.items():
         exif = Image.Exif()
         exif[0x0112] = orientation
         data = save(photo.transpose(stored) if stored is not None else photo, "JPEG", quality=95, exif=exif)
-        probabilities, embedding = run(data, scaled=True)
-        assert np.abs(probabilities - reference).max() < 0.03, orientation  # 0.14 for 4 and 8 without the gap
-        assert embedding @ reference_embedding >= 0.997, orientation  # 0.978 without the gap
-        scores.append(probabilities)
-    spread = np.max(scores, axis=0) - np.min(scores, axis=0)
-    assert spread.max() < 0.04  # 0.15 without the gap
+        full, full_embedding = run(data, scaled=False)
+        assert np.abs(full - reference).max() < 0.02, orientation
+        assert full_embedding @ reference_embedding >= 0.999, orientation
+        scaled, scaled_embedding = run(data, scaled=True)
+        assert np.abs(scaled - reference).max() < 0.25, orientation  # the bound the docs give
+        assert scaled_embedding @ reference_embedding >= 0.97, orientation
 
 
 def test_reading_a_png_header_decodes_no_pixel_and_its_late_exif_still_turns_it(monkeypatch) -> None:
