@@ -178,8 +178,7 @@ def _load_and_warm_up(control: ModelControl) -> list[ModelVersion]:
                 except lifecycle.StartupStopped:
                     raise
                 except Exception as exc:  # its failure recorded, the next pass's policies leave it out
-                    outcome = " at start-up; its policy picks among the rest"
-                    control.swaps.failed(name, version, fingerprint(folder), exc, outcome)
+                    control.swaps.record_failure(name, version, fingerprint(folder), exc, at_startup=True)
             if all((n, v) in loaded for n, v, _ in todo):
                 break  # the repository is read again only after a failure: what the policies select instead
             todo = [(n, v, f) for n, v, f in control.startup_versions() if (n, v) not in loaded]

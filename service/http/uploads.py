@@ -135,7 +135,32 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     return b"".join([chunk async for chunk in _chunks(request, max_bytes)])
 
 
+def _not_json(body: bytes, refusal: str) -> str:
+    """What a /v1 body orjson refused (with ``refusal``) is instead, for its 400."""
+    if body.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in body[:4]:  # a BOM, or UTF-16/32's zero bytes
+        return "the body is not valid JSON: JSON must be UTF-8 (RFC 8259, Sec. 8.1); this looks like UTF-16 or UTF-32"
+    if (sniffed := sniff_format(body)) is not None:  # an image file sent with the wrong type
+        return (
+            f"the body is a {sniffed} file sent as Content-Type application/json: send it with its own type "
+            '(e.g. image/png), as multipart (curl -F image=@file), or as JSON {"images": ["<base64>"]}'
+        )
+    if "UTF-8" in refusal:  # orjson's words, "str is not valid UTF-8: surrogates not allowed", at char 0
+        try:
+            body.decode()
+        except UnicodeDecodeError as bad:
+            first: int | None = bad.start
+        else:
+            first = None
+        if first is not None:
+            return (
+                f"the body is not valid JSON: it holds bytes that are not UTF-8 text (at byte {first}; "
+                "JSON is UTF-8, RFC 8259, Sec. 8.1)"
+            )
+    return f"the body is not valid JSON: {refusal}"
+
+
 _BOUNDARY_PARAMETER = re.compile(r";\s*boundary\s*=", re.IGNORECASE)  # a multipart Content-Type's
+_QUOTED = re.compile(r'"(?:[^"\\]|\\.)*"')  # a quoted parameter value (RFC 9110, Sec. 5.6.4), which may hold ';'s
 
 
 async def _multipart_images(
@@ -147,7 +172,7 @@ async def _multipart_images(
     max_parts: int,
     options: frozenset[str],
 ) -> list[bytes]:
-    if (named := len(_BOUNDARY_PARAMETER.findall(content_type))) > 1:  # python-multipart keeps the last
+    if (named := len(_BOUNDARY_PARAMETER.findall(_QUOTED.sub('""', content_type)))) > 1:  # multipart keeps the last
         raise BadRequest(f"the Content-Type names {named} boundaries; send one (RFC 7578, Sec. 4.1)")
     _, params = parse_options_header(content_type)
     boundary = params.get(b"boundary")
@@ -177,27 +202,13 @@ def _json_images(body: bytes, max_images: int) -> list[bytes]:
             f"the JSON body holds about {commas + 1} values (counted by their commas); a /v1 body is "
             f'{{"images": ["<base64>", ...]}} with at most {max_images} images'
         )
+    refusal: str | None = None
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
-        if body.startswith((b"\xff\xfe", b"\xfe\xff")) or b"\x00" in body[:4]:  # a BOM, or UTF-16/32's zero bytes
-            raise BadRequest(
-                "the body is not valid JSON: JSON must be UTF-8 (RFC 8259, Sec. 8.1); this looks like UTF-16 or UTF-32"
-            ) from None
-        if (sniffed := sniff_format(body)) is not None:  # an image file sent with the wrong type
-            raise BadRequest(
-                f"the body is a {sniffed} file sent as Content-Type application/json: send it with its own type "
-                '(e.g. image/png), as multipart (curl -F image=@file), or as JSON {"images": ["<base64>"]}'
-            ) from None
-        if "UTF-8" in str(exc):  # orjson's words, "str is not valid UTF-8: surrogates not allowed", at char 0
-            try:
-                body.decode()
-            except UnicodeDecodeError as bad:
-                raise BadRequest(
-                    f"the body is not valid JSON: it holds bytes that are not UTF-8 text (at byte {bad.start}; "
-                    "JSON is UTF-8, RFC 8259, Sec. 8.1)"
-                ) from None
-        raise BadRequest(f"the body is not valid JSON: {exc}") from None
+        refusal = str(exc)  # not the error, whose .doc is the body: raised in here, it would hold it
+    if refusal is not None:
+        raise BadRequest(_not_json(body, refusal))
     encoded = document.get("images") if isinstance(document, dict) else None
     if not isinstance(encoded, list) or not encoded or not all(isinstance(s, str) for s in encoded):
         raise BadRequest('a JSON body must be {"images": ["<base64>", ...]} with at least one image')

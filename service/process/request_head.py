@@ -9,7 +9,11 @@ from the parsed header fields (:func:`refusal`), before the app sees the request
   value", as nginx does; uvicorn served all three (a tester's find). A valid value is RFC 3986's
   ``host [ ":" port ]`` (Sec. 3.2.2-3.2.3: a bracketed IP literal, or a name of unreserved,
   percent-encoded and sub-delimiter characters, possibly empty), read loosely as those character
-  classes; an HTTP/1.0 request may omit it.
+  classes (an IPv6 literal's zone id, ``[fe80::1%25en0]``, which RFC 6874 Sec. 4 asks clients to
+  strip, is let through); an HTTP/1.0 request may omit it, but not repeat it.
+
+An unknown method is refused (501) by the parser before these checks; then Transfer-Encoding is
+checked, then Host; a ``CONNECT`` (501) only after both, where httptools stops at its headers' end.
 * **Transfer-Encoding** other than ``chunked`` (RFC 9112, Sec. 6.1): httptools decodes chunked
   alone and reads past the others' bytes as if they were the body, so they are a 501.
 """
@@ -21,7 +25,7 @@ import re
 from service.core.errors import BadRequest, NotImplementedHere, ProblemError
 
 # RFC 3986, Sec. 3.2.2: IP-literal / IPv4address / reg-name, then an optional port.
-_HOST = re.compile(rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
+_HOST = re.compile(rb"(?:\[[0-9A-Za-z:._~!$&'()*+,;=%-]+\]|[0-9A-Za-z._~!$&'()*+,;=%-]*)(?::[0-9]*)?")
 
 
 def refusal(headers: list[tuple[bytes, bytes]], http_version: str) -> ProblemError | None:

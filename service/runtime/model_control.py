@@ -18,7 +18,9 @@ The load API takes the folder as it is at once.
 among the others (loading the next one it picks), and the version is tried again once its files
 change (the poller) or a load asks again.
 
-Every method runs on the event loop; one change at a time (a lock), so two loads never compete.
+Every method runs on the event loop, but for what start-up's loading thread calls before the
+worker serves (:meth:`ModelControl.startup_versions`, and the :meth:`ModelControl.scan` and
+:meth:`ModelControl.policy` under it); one change at a time (a lock), so two loads never compete.
 """
 
 from __future__ import annotations

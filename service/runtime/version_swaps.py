@@ -22,8 +22,10 @@ is logged, counted in ``patchserve_model_loads_total{outcome="failure"}`` and sh
 until its files change (the poller then tries again) or a load asks again; a version rewritten in
 place whose new files fail stays ``READY`` on its earlier ones, with that reason.
 
-Every method but :meth:`VersionSwaps.failed` (also called from start-up's loading thread, before
-any model serves) runs on the event loop; model control makes one change at a time (its lock).
+Every method but :meth:`VersionSwaps.record_failure` runs on the event loop; model control makes one
+change at a time (its lock). ``record_failure`` is also called from start-up's loading thread, before
+any model serves but while the repository routes answer: their reads of :attr:`VersionSwaps.states`
+(one ``dict`` copy or sort each) and its one assignment are each a single step under the GIL.
 """
 
 from __future__ import annotations
@@ -79,16 +81,20 @@ class VersionSwaps:
         self.repository.add(model)
         _loaded(model)
 
-    def failed(self, name: str, version: int, files: Fingerprint | None, exc: Exception, outcome: str) -> None:
+    def record_failure(
+        self, name: str, version: int, files: Fingerprint | None, exc: Exception, *, at_startup: bool = False
+    ) -> None:
         """Record that ``version`` of ``name`` failed to load from ``files`` (raising ``exc``).
 
-        Logged as an error (``failed to load<outcome>: <reason>``, ``outcome`` saying what follows),
-        counted in ``patchserve_model_loads_total{outcome="failure"}`` and listed ``UNAVAILABLE``
-        with its reason (a :class:`~service.core.errors.RepositoryError`'s message, else the
-        exception's type and message) until ``files`` change or a load asks again.
+        Logged as an error saying what follows (at start-up the version's policy picks among the
+        rest; later what serves is unchanged), counted in
+        ``patchserve_model_loads_total{outcome="failure"}`` and listed ``UNAVAILABLE`` with its
+        reason (a :class:`~service.core.errors.RepositoryError`'s message, else the exception's type
+        and message) until ``files`` change or a load asks again.
         """
         reason = str(exc) if isinstance(exc, RepositoryError) else f"{type(exc).__name__}: {exc}"
-        log.error("model %s version %d: failed to load%s: %s", name, version, outcome, reason)
+        then = " at start-up; its policy picks among the rest" if at_startup else "; what serves is unchanged"
+        log.error("model %s version %d: failed to load%s: %s", name, version, then, reason)
         metrics.MODEL_LOADS.labels(name, str(version), "failure").inc()
         self.states.setdefault(name, {})[version] = VersionState(UNAVAILABLE, reason, files, failed=True)
 
@@ -104,7 +110,7 @@ class VersionSwaps:
                 None, self._load_blocking, name, version, found, serving
             )
         except Exception as exc:
-            self.failed(name, version, found.fingerprint, exc, "; what serves is unchanged")
+            self.record_failure(name, version, found.fingerprint, exc)
             await asyncio.to_thread(gc.collect)  # the failed sessions' memory goes back now
             return False
         await model.batcher.start()

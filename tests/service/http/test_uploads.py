@@ -101,7 +101,7 @@ async def test_the_default_part_limit_is_the_setting() -> None:
             "multipart/form-data; boundary=XyZ; Boundary=Other",
             "the Content-Type names 2 boundaries; send one",
         ),
-        (b'{"images": ["iVBO"], "x": "\xff\xfe"}', "application/json", "it holds bytes that are not UTF-8 text"),
+        (b'{"images": ["iVBO"], "x": "\xff\xfe"}', "application/json", "not UTF-8 text (at byte 27;"),
         (b"--" + b"B" * 257 + b"\r\n", "multipart/form-data; boundary=" + "B" * 257, "malformed multipart header"),
         (b"[1, 2]", "application/json", '{"images"'),
         (b'{"images": []}', "application/json", '{"images"'),
@@ -142,6 +142,15 @@ async def test_malformed_bodies_are_400(content: bytes, content_type: str, detai
     async with running_app() as client:
         response = await client.post(CLASSIFY, content=content, headers={"content-type": content_type})
     assert_problem(response, 400, detail)
+
+
+async def test_a_boundary_named_inside_a_quoted_parameter_is_not_a_second_one() -> None:
+    body = b"--XyZ\r\nContent-Disposition: form-data; name=image\r\n\r\nxx\r\n--XyZ--\r\n"
+    async with running_app() as client:
+        response = await client.post(
+            CLASSIFY, content=body, headers={"content-type": 'multipart/form-data; boundary=XyZ; name="x; boundary=y"'}
+        )
+    assert_problem(response, 415, "the data is not an image")  # the part was read: its bytes are no image
 
 
 @pytest.mark.parametrize(

@@ -158,6 +158,12 @@ def problems(transport: Transport) -> list[tuple[int, str, dict]]:
         (b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 400, "the request has 2 Host headers"),
         (b"GET /healthz HTTP/1.1\r\nHost: a b/c@@\r\n\r\n", 400, "the Host header 'a b/c@@' is not a host[:port]"),
         (b"GET /v2/health/live HTTP/1.1\r\nHost: x:y\r\n\r\n", 400, "is not a host[:port]"),  # /v2: {"error"}
+        # which refusal comes first: an unknown method's (the parser's), then Transfer-Encoding, then Host,
+        # then CONNECT's (httptools stops at its headers' end: a Host-less CONNECT hears of its Host)
+        (b"FOO /healthz HTTP/1.1\r\n\r\n", 501, "the method 'FOO' is not one"),
+        (b"CONNECT example.com:443 HTTP/1.1\r\n\r\n", 400, "an HTTP/1.1 request needs a Host header"),
+        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "decodes chunked alone"),
+        (b"GET /healthz HTTP/1.0\r\nHost: a\r\nHost: b\r\n\r\n", 400, "the request has 2 Host headers"),
     ],
 )
 async def test_a_malformed_request_is_answered_with_a_problem_and_the_connection_closes(
@@ -178,6 +184,8 @@ async def test_a_malformed_request_is_answered_with_a_problem_and_the_connection
     [
         b"GET /healthz HTTP/1.0\r\n\r\n",  # HTTP/1.0 may leave Host out
         b"GET /healthz HTTP/1.1\r\nHost: [::1]:8000\r\n\r\n",  # an IP literal and a port
+        b"GET /healthz HTTP/1.1\r\nHost: [fe80::1%25en0]:8000\r\n\r\n",  # a zone id a client left in
+        b"GET /healthz HTTP/1.1\r\nHost: Example.COM.\r\n\r\n",
         b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n",
         b"GET /healthz HTTP/1.1\r\nHost: my-svc.ns.svc.cluster.local:80\r\n\r\n",
         b"GET /healthz HTTP/1.1\r\nHost:\r\n\r\n",  # empty: a target without an authority (RFC 9112, Sec. 3.2)

@@ -110,7 +110,7 @@ async def test_exempt_paths_are_served_while_the_worker_is_full() -> None:
     assert held.status == 200
 
 
-async def test_only_a_get_or_head_of_a_whole_readiness_path_is_exempt() -> None:
+async def test_probes_by_any_method_and_a_get_or_head_of_a_whole_readiness_path_are_exempt() -> None:
     from service.http.app import admission_exempt
     from service.http.middleware.admission import AdmissionMiddleware
 
