@@ -11,11 +11,11 @@ from the parsed header fields (:func:`refusal`), before the app sees the request
   percent-encoded and sub-delimiter characters, possibly empty), read loosely as those character
   classes (an IPv6 literal's zone id, ``[fe80::1%25en0]``, which RFC 6874 Sec. 4 asks clients to
   strip, is let through); an HTTP/1.0 request may omit it, but not repeat it.
+* **Transfer-Encoding** other than ``chunked`` (RFC 9112, Sec. 6.1): httptools decodes chunked
+  alone and reads past the others' bytes as if they were the body, so they are a 501.
 
 An unknown method is refused (501) by the parser before these checks; then Transfer-Encoding is
 checked, then Host; a ``CONNECT`` (501) only after both, where httptools stops at its headers' end.
-* **Transfer-Encoding** other than ``chunked`` (RFC 9112, Sec. 6.1): httptools decodes chunked
-  alone and reads past the others' bytes as if they were the body, so they are a 501.
 """
 
 from __future__ import annotations
