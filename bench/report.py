@@ -71,12 +71,43 @@ def _ratio(x: float | None, y: float | None) -> float | None:
     return None if x is None or not y else x / y
 
 
+def paired_ratio(rounds: Sequence[dict], ceilings: Sequence[dict]) -> dict | None:
+    """Each round's throughput over the ceiling measured in the same round: median, min and max.
+
+    ``rounds`` are a point's wrk results and ``ceilings`` the probes of the same point, each with
+    ``round`` (its index), ``void`` ("" or why) and a throughput or ``images_per_s``. None (void)
+    when any of either is void or a round has no ceiling: a ratio is never taken across rounds.
+    """
+    by_round = {c["round"]: c for c in ceilings}
+    if not rounds or any(r["void"] for r in rounds) or any(c["void"] for c in ceilings):
+        return None
+    if any(r.get("round") not in by_round for r in rounds):
+        return None
+    values = [r["throughput"] / by_round[r["round"]]["images_per_s"] for r in rounds]
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def vs_ceiling(results: dict, point: dict | None) -> float | None:
+    """A point's throughput as a fraction of the ceiling (None: void or not measured).
+
+    With the ceiling measured in every round (``ceiling_rounds``, :mod:`bench.ceiling`): the median
+    over rounds of each round's throughput over its own round's ceiling. Results files without
+    them: the median throughput over the ceiling measured at the start of the run.
+    """
+    if point is None:
+        return None
+    if "ceiling_rounds" in point:
+        paired = paired_ratio(point["rounds_detail"], point["ceiling_rounds"])
+        return None if paired is None else paired["median"]
+    limit = results.get("ceiling", {}).get(point["size"], {})
+    return _ratio(_value(point, "throughput"), None if limit.get("void", True) else limit["images_per_s"])
+
+
 def ratios(results: dict) -> list[dict]:
     """Every HTTP point's median throughput divided by (a), (b) and the ceiling of its size (None: void)."""
     rows = []
     for r in results["http"]:
         raw = results["raw"][r["size"]]
-        limit = results.get("ceiling", {}).get(r["size"], {})
         ours = _value(r, "throughput")
         rows.append(
             {
@@ -85,7 +116,7 @@ def ratios(results: dict) -> list[dict]:
                 "concurrency": r["concurrency"],
                 "vs_a": _ratio(ours, None if raw.get("void") else raw["a"]["images_per_s"]),
                 "vs_b_sequential": _ratio(ours, None if raw.get("void") else raw["b_sequential"]["images_per_s"]),
-                "vs_ceiling": _ratio(ours, None if limit.get("void", True) else limit["images_per_s"]),
+                "vs_ceiling": vs_ceiling(results, r),
             }
         )
     return rows
@@ -106,12 +137,7 @@ def targets(results: dict) -> list[dict]:
             for other, bound in (("naive", 1.05), ("litserve", 1.25)):
                 theirs = _value(_point(http, other, size, c), "throughput")
                 check(f"{size}, c={c}: patchserve / {other}", _ratio(ours, theirs), bound)
-            limit = results.get("ceiling", {}).get(size, {})
-            check(
-                f"{size}, c={c}: patchserve / ceiling",
-                _ratio(ours, None if limit.get("void", True) else limit["images_per_s"]),
-                0.92,
-            )
+            check(f"{size}, c={c}: patchserve / ceiling", vs_ceiling(results, _point(http, PATCHSERVE, size, c)), 0.92)
         ours_1, naive_1 = _point(http, PATCHSERVE, size, 1), _point(http, "naive", size, 1)
         p50 = _ratio(_value(ours_1, "p50_ms"), _value(naive_1, "p50_ms"))
         check(f"{size}, c=1: patchserve p50 / naive p50", p50, 1.0, at_least=False)
@@ -150,6 +176,28 @@ def _spread(point: dict, key: str, digits: int = 1) -> str:
     return f"{point[key]:.{digits}f} ({point[key + '_min']:.{digits}f}–{point[key + '_max']:.{digits}f})"
 
 
+def _ceiling_probes(results: dict) -> dict[str, list[dict]]:
+    """Every ceiling measured in a round (``ceiling_rounds``), by size, each once."""
+    seen: dict[tuple[str, int], list[dict]] = {}
+    for point in results["http"]:
+        if "ceiling_rounds" in point:
+            seen[(point["size"], point["concurrency"])] = point["ceiling_rounds"]
+    by_size: dict[str, list[dict]] = {}
+    for (size, _), probes in seen.items():
+        by_size.setdefault(size, []).extend(probes)
+    return by_size
+
+
+def _probe_spread(probes: list[dict] | None) -> str:
+    """ "median (min–max) of N", "void" when any was, "—" when none was measured."""
+    if not probes:
+        return "—"
+    if any(p["void"] for p in probes):
+        return "void"
+    values = [p["images_per_s"] for p in probes]
+    return f"{statistics.median(values):.1f} ({min(values):.1f}–{max(values):.1f}) of {len(values)}"
+
+
 def _http_table(points: list[dict], ratio_of: dict, order: list[str], with_ceiling: bool) -> list[str]:
     head = "| server | size | c | req/s, median (min–max) | p50 ms | p99 ms | errors |"
     head += " × ceiling |" if with_ceiling else ""
@@ -181,20 +229,30 @@ def markdown(results: dict, path: Path | str) -> str:
         "(measured from /proc, re-run once).",
         "",
         "| size | (a) ORT best batch, img/s | (b) decode + ORT, 1 thread | decode CPU ms | HTTP CPU ms "
-        "| ceiling, img/s |",
-        "| --- | --- | --- | --- | --- | --- |",
+        "| ceiling, img/s | ceiling in the rounds, img/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
     ]
+    probes = _ceiling_probes(results)
     for size, r in results["raw"].items():
         limit = results.get("ceiling", {}).get(size, {})
         if r.get("void"):
-            lines.append(f"| {size} | void | void | | | void |")
+            lines.append(f"| {size} | void | void | | | void | {_probe_spread(probes.get(size))} |")
             continue
         lines.append(
             f"| {size} | {r['a']['images_per_s']:.1f} ({a_config(r['a'])}) | "
             f"{r['b_sequential']['images_per_s']:.1f} | {_fmt(limit.get('decode_cpu_ms'), 2)} | "
             f"{_fmt(limit.get('http_cpu_ms'), 2)} | "
-            f"{'void' if limit.get('void', True) else _fmt(limit['images_per_s'])} |"
+            f"{'void' if limit.get('void', True) else _fmt(limit['images_per_s'])} | "
+            f"{_probe_spread(probes.get(size))} |"
         )
+    if probes:
+        lines += [
+            "",
+            "The ceiling's columns before the last were measured once, at the start of the run. The last gives the "
+            "ceiling measured again in every round of every point, just before the servers (`bench/ceiling.py`): "
+            "median (min–max) over them, and each server's × ceiling below is the median over rounds of its "
+            "throughput over its own round's ceiling.",
+        ]
     lines.append("")
     ratio_of = {(r["server"], r["size"], r["concurrency"]): r for r in results["ratios"]}
     lines += _http_table(results["http"], ratio_of, list(results["servers"]), with_ceiling=True)

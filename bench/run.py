@@ -23,7 +23,9 @@ A benchmark that cannot be fooled by the machine (issue 14):
 * **the ceiling**: what serving encoded images could reach on these cores, from measured
   costs: 1 / (1/(a) + (decode CPU + HTTP CPU per image) / cores), the HTTP CPU from an endpoint
   that only reads the same multipart body (``bench/echo_app.py``) under the same wrk load;
-  every server is reported as a fraction of it.
+  measured at the start and again in every round of every point, first in the round
+  (:mod:`bench.ceiling`), and every server's round is reported as a fraction of its own
+  round's ceiling (median over rounds), so a host whose cores slow down lowers both.
 * the trained models in ``model_repository/`` are served one per server (as the naive endpoint
   and LitServe serve one), at concurrency 1 and 16.
 
@@ -50,7 +52,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from bench import decode, images, loadgen, plots, quiet, raw, report, servers
+from bench import ceiling, decode, images, loadgen, plots, quiet, raw, report, servers
 from service.runtime.cpus import usable_cpus
 from service.runtime.manifest import load_manifest
 from service.tasks import classification
@@ -209,16 +211,23 @@ def measure_http(
     rounds: int,
     log_dir: Path,
     tuned: dict | None = None,
+    ceiling_probe: ceiling.Probe | None = None,
 ) -> list[dict]:
     """Every (size, concurrency) point for every server in interleaved rounds, all servers up at once
     and all but the one measured paused (SIGSTOP) during each point.
 
+    With a ``ceiling_probe``, each round of each point first measures the ceiling's costs again
+    (:mod:`bench.ceiling`), with its HTTP-alone endpoint the only server running.
+
     Returns:
         One record per (server, size, concurrency): :func:`report.summarise` of its rounds,
-        the rounds themselves under ``rounds_detail``. ``tuned`` receives patchserve's choices.
+        the rounds themselves under ``rounds_detail``, and with a ``ceiling_probe`` the ceilings of the
+        same rounds under ``ceiling_rounds``. ``tuned`` receives patchserve's choices.
     """
     measured: dict[tuple[str, str, int], list[dict]] = {}
-    with servers.all_running(contestants, log_dir) as running:
+    probed: dict[tuple[str, int], list[dict]] = {}
+    everyone = contestants + ([ceiling_probe.server] if ceiling_probe is not None else [])
+    with servers.all_running(everyone, log_dir) as running:
         probe = files_by_size[next(iter(files_by_size))][0]
         expected = expected_top1(model_dir, probe)
         for server in contestants:
@@ -226,7 +235,22 @@ def measure_http(
             if server.key.startswith("patchserve") and tuned is not None:
                 tuned[f"{model} ({server.key})"] = described(running[server.key], model)
         by_key = {server.key: server for server in contestants}
-        for size, concurrency, round_, key in schedule(list(files_by_size), concurrencies, list(by_key), rounds):
+        keys = ([ceiling.KEY] if ceiling_probe is not None else []) + list(by_key)
+        for size, concurrency, round_, key in schedule(list(files_by_size), concurrencies, keys, rounds):
+            if ceiling_probe is not None and key == ceiling.KEY:
+                with servers.alone(running, ceiling_probe.server.key) as echo:
+
+                    def measure(echo: servers.Running = echo, size: str = size) -> dict:
+                        return ceiling_probe(echo, size)
+
+                    limit = _quietly(measure, f"ceiling {size} c={concurrency}") | {"round": round_}
+                probed.setdefault((size, concurrency), []).append(limit)
+                log.info(
+                    "round %d %-24s %-9s c=%-3d %7.2f img/s  (ORT %.1f img/s, decode %.2f ms, HTTP %.2f ms)%s",
+                    round_, ceiling.KEY, size, concurrency, limit["images_per_s"], limit["ort_images_per_s"],
+                    limit["decode_cpu_ms"], limit["http_cpu_ms"], "  VOID" if limit["void"] else "",
+                )  # fmt: skip
+                continue
             url = running[key].url + by_key[key].path.format(model=model)
             with servers.alone(running, key):  # the others paused: none takes CPU from this point
                 point = measure_point(url, files_by_size[size], concurrency=concurrency, seconds=seconds, warmup=warmup)
@@ -246,6 +270,7 @@ def measure_http(
             "concurrency": concurrency,
             **report.summarise(points),
             "rounds_detail": points,
+            **({"ceiling_rounds": probed[(size, concurrency)]} if (size, concurrency) in probed else {}),
         }
         for (key, size, concurrency), points in measured.items()
     ]
@@ -261,14 +286,9 @@ def measure_http_cpu(files_by_size: dict[str, list[Path]], *, concurrency: int, 
         for size, files in files_by_size.items():
 
             def measure(files: list[Path] = files) -> dict:
-                loadgen.run(server.url + echo.path, files, concurrency=concurrency, seconds=warmup)
-                before = quiet.snapshot()
-                result = loadgen.run(server.url + echo.path, files, concurrency=concurrency, seconds=seconds)
-                after = quiet.snapshot()
-                spent = quiet.tree_cpu_seconds(before, after, {server.process.pid})
-                requests = max(1, result.requests)
-                return {"cpu_ms_per_request": 1e3 * spent / requests, "requests": result.requests,
-                        "throughput": result.throughput, "concurrency": concurrency}  # fmt: skip
+                return ceiling.http_cpu(
+                    server, echo.path, files, concurrency=concurrency, seconds=seconds, warmup=warmup
+                )
 
             costs[size] = _quietly(measure, f"HTTP cost {size}")
             log.info("HTTP alone, %s: %.2f ms of CPU per request", size, costs[size]["cpu_ms_per_request"])
@@ -343,6 +363,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--sizes", default=",".join(SIZES))
     parser.add_argument("--servers", default="patchserve,patchserve-no-batching,naive,litserve")
     parser.add_argument("--trained", default="model_repository", type=Path, help="also bench these models ('' skips)")
+    parser.add_argument(
+        "--no-round-ceiling",
+        action="store_true",
+        help="measure the ceiling at the start only, not again in every round (bench/ceiling.py; saves ~2 minutes)",
+    )
     parser.add_argument("--docs", type=Path, default=None, help="write the tables into this page (docs/performance.md)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s", datefmt="%H:%M:%S")
@@ -391,6 +416,10 @@ def main(argv: list[str] | None = None) -> None:
         files_by_size, concurrency=16, seconds=args.seconds, warmup=args.warmup, log_dir=args.work / "logs"
     )
     results["ceiling"] = ceilings(results, info["cores"])
+    round_ceiling = None
+    if not args.no_round_ceiling:
+        best = {size: r["a"] for size, r in results["raw"].items()}
+        round_ceiling = ceiling.Probe(model_dir, files_by_size, best, cores=info["cores"])
     results["http"] = measure_http(
         contestants,
         files_by_size,
@@ -402,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
         rounds=rounds,
         log_dir=args.work / "logs",
         tuned=results["autotune"],
+        ceiling_probe=round_ceiling,
     )
 
     results["trained"] = []

@@ -1,0 +1,128 @@
+"""The ceiling measured in every round (bench/ceiling.py): the pairing of each round's throughput with its
+own round's ceiling, the schedule that puts it first in each round, the tables, and the probe's three
+costs on a real model (its HTTP part stubbed: wrk is the benchmark's tool, not the suite's)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench import ceiling, report
+from bench.run import schedule
+
+REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
+CHELSEA = Path(__file__).resolve().parents[1] / "images" / "skimage" / "chelsea.png"
+
+
+def round_(i: int, throughput: float, void: str = "") -> dict:
+    return {"round": i, "throughput": throughput, "p50_ms": 10.0, "p90_ms": 11.0, "p99_ms": 12.0, "errors": 0,
+            "void": void, "load": {"foreign_cores": 0.5 if void else 0.01}}  # fmt: skip
+
+
+def probe(i: int, images_per_s: float, void: str = "") -> dict:
+    return {"round": i, "images_per_s": images_per_s, "ort_images_per_s": 60.0, "decode_cpu_ms": 1.4,
+            "http_cpu_ms": 0.15, "void": void}  # fmt: skip
+
+
+def test_each_round_is_divided_by_its_own_rounds_ceiling_and_the_median_taken() -> None:
+    rounds = [round_(0, 50.0), round_(1, 60.0), round_(2, 45.0)]
+    ceilings = [probe(2, 50.0), probe(0, 50.0), probe(1, 60.0)]  # in any order: paired by round
+    paired = report.paired_ratio(rounds, ceilings)
+    assert paired == {"median": pytest.approx(1.0), "min": pytest.approx(0.9), "max": pytest.approx(1.0)}
+    # the same throughputs over one ceiling from another moment would say something else
+    assert report.paired_ratio(rounds, [probe(i, 64.0) for i in range(3)])["median"] == pytest.approx(50 / 64)
+
+
+def test_a_void_round_or_ceiling_or_a_round_without_one_gives_no_ratio() -> None:
+    good = [probe(i, 50.0) for i in range(3)]
+    assert report.paired_ratio([round_(0, 50.0), round_(1, 50.0, "loaded")], good) is None
+    assert report.paired_ratio([round_(0, 50.0)], [probe(0, 50.0, "foreign processes took 0.30 cores")]) is None
+    assert report.paired_ratio([round_(0, 50.0), round_(3, 50.0)], good) is None
+    assert report.paired_ratio([], good) is None
+
+
+def test_the_ceiling_is_measured_first_in_every_round_of_every_point() -> None:
+    order = schedule(["640x480"], [1, 16], [ceiling.KEY, "patchserve", "naive"], rounds=3)
+    assert [key for _, _, _, key in order[:6]] == [ceiling.KEY, "patchserve", "naive"] * 2
+    probed = [(c, r) for _, c, r, key in order if key == ceiling.KEY]
+    assert probed == [(1, 0), (1, 1), (1, 2), (16, 0), (16, 1), (16, 2)]
+
+
+def results(with_probes: bool) -> dict:
+    probes = {c: [probe(i, limit) for i, limit in enumerate((50.0, 60.0, 55.0))] for c in (16, 64)}  # one per point
+
+    def point(server: str, c: int, throughputs: list[float]) -> dict:
+        rounds = [round_(i, t) for i, t in enumerate(throughputs)]
+        record = {"model": "m", "server": server, "label": server, "size": "640x480", "concurrency": c,
+                  **report.summarise(rounds), "rounds_detail": rounds}  # fmt: skip
+        if with_probes:
+            record["ceiling_rounds"] = probes[c]  # every server of the point: the same rounds' ceilings
+        return record
+
+    http = [point("patchserve", c, [50.0, 54.0, 55.0]) for c in (16, 64)]
+    http += [point("naive", c, [45.0, 45.0, 45.0]) for c in (16, 64)]
+    data = {
+        "started": "s", "finished": "f", "command": "make bench",
+        "machine": {"cpu": "AMD EPYC", "cores": 2, "memory_gib": 23.5, "wrk": "wrk",
+                    "versions": {"onnxruntime": "1.31.1", "litserve": "0.2.19"}},
+        "model": {"name": "vit-ti16-random", "manifest": "ViT-Ti/16"},
+        "protocol": {"seconds": 10, "warmup": 2, "rounds": 3},
+        "servers": {"patchserve": {}, "naive": {}},
+        "raw": {"640x480": {"a": {"images_per_s": 67.6, "best_batch_size": 1}, "b_sequential": {"images_per_s": 43.7},
+                            "void": ""}},
+        "ceiling": {"640x480": {"images_per_s": 64.3, "decode_cpu_ms": 1.37, "http_cpu_ms": 0.15, "void": False}},
+        "http": http,
+    }  # fmt: skip
+    data["ratios"] = report.ratios(data)
+    data["targets"] = report.targets(data)
+    return data
+
+
+def test_the_target_and_the_table_use_the_rounds_ceilings_and_old_files_the_start_one() -> None:
+    paired = {t["target"]: t["value"] for t in results(with_probes=True)["targets"]}
+    # rounds 50/50, 54/60, 55/55: median 1.0; over the start's 64.3 it would have been 54/64.3 = 0.84
+    assert paired["640x480, c=16: patchserve / ceiling"] == pytest.approx(1.0)
+    assert paired["640x480, c=64: patchserve / ceiling"] == pytest.approx(1.0)
+    text = report.markdown(results(with_probes=True), "bench/results/x.json")
+    assert "| 640x480 | 67.6 (batch 1) | 43.7 | 1.37 | 0.15 | 64.3 | 55.0 (50.0–60.0) of 6 |" in text
+    assert "| patchserve | 640x480 | 16 | 54.0 (50.0–55.0) |" in text and "| 0 | 1.00 |" in text
+    assert "its own round's ceiling" in text
+    start = {t["target"]: t["value"] for t in results(with_probes=False)["targets"]}
+    assert start["640x480, c=16: patchserve / ceiling"] == pytest.approx(54.0 / 64.3)
+    old = report.markdown(results(with_probes=False), "bench/results/x.json")
+    assert "| 640x480 | 67.6 (batch 1) | 43.7 | 1.37 | 0.15 | 64.3 | — |" in old and "its own round's" not in old
+
+
+def test_a_void_probe_shows_void_never_its_number() -> None:
+    data = results(with_probes=True)
+    data["http"][0]["ceiling_rounds"][1] = probe(1, 99.0, "foreign processes took 0.30 cores")
+    data["ratios"], data["targets"] = report.ratios(data), report.targets(data)
+    assert {t["target"]: t["met"] for t in data["targets"]}["640x480, c=16: patchserve / ceiling"] is None
+    text = report.markdown(data, "bench/results/x.json")
+    assert "| 64.3 | void |" in text and "99.0" not in text
+
+
+def test_the_probe_measures_ort_at_the_start_runs_best_configuration_and_the_decode_now(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    model = REPOSITORY / "vit-digits" / "1"
+    image = tmp_path / "chelsea.jpg"
+    from PIL import Image
+
+    Image.open(CHELSEA).convert("RGB").save(image, quality=90)
+    seen = {}
+
+    def http_cpu(server, path, files, *, concurrency, seconds, warmup) -> dict:
+        seen.update(path=path, files=list(files), concurrency=concurrency)
+        return {"cpu_ms_per_request": 0.25}
+
+    monkeypatch.setattr(ceiling, "http_cpu", http_cpu)
+    best = {"640x480": {"images_per_s": 1.0, "best_batch_size": 2, "sessions": 2}}
+    measure = ceiling.Probe(model, {"640x480": [image]}, best, cores=2, seconds=0.2, warmup=0)
+    got = measure(echo=None, size="640x480")  # type: ignore[arg-type]  # the stub needs no server
+    assert got["ort_images_per_s"] > 0 and got["decode_cpu_ms"] > 0 and got["http_cpu_ms"] == 0.25
+    assert got["images_per_s"] == pytest.approx(
+        report.ceiling(got["ort_images_per_s"], got["decode_cpu_ms"] / 1e3, 0.25e-3, 2)
+    )
+    assert seen == {"path": "/echo", "files": [image], "concurrency": 16}
