@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
-from bench import ceiling, report
+from bench import ceiling, decode, report
 from bench.run import schedule
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
@@ -108,8 +109,6 @@ def test_the_probe_measures_ort_at_the_start_runs_best_configuration_and_the_dec
 ) -> None:
     model = REPOSITORY / "vit-digits" / "1"
     image = tmp_path / "chelsea.jpg"
-    from PIL import Image
-
     Image.open(CHELSEA).convert("RGB").save(image, quality=90)
     seen = {}
 
@@ -126,3 +125,14 @@ def test_the_probe_measures_ort_at_the_start_runs_best_configuration_and_the_dec
         report.ceiling(got["ort_images_per_s"], got["decode_cpu_ms"] / 1e3, 0.25e-3, 2)
     )
     assert seen == {"path": "/echo", "files": [image], "concurrency": 16}
+
+
+def test_the_ceilings_decode_cost_is_the_draft_decode_alone(tmp_path: Path) -> None:
+    image = tmp_path / "chelsea.jpg"
+    Image.open(CHELSEA).convert("RGB").save(image, quality=90)
+    model = REPOSITORY / "vit-digits" / "1"
+    alone = decode.decode_cost(model, [image], repeats=1, full=False)
+    assert set(alone) == {"draft_ms"} and alone["draft_ms"] > 0
+    both = decode.decode_cost(model, [image], repeats=1)
+    assert {"draft_ms", "full_ms", "plain_decode_ms"} <= set(both)
+    assert both["draft_over_full"] == pytest.approx(both["draft_ms"] / both["full_ms"])
