@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 from pathlib import Path
+
+from bench import report
 
 MARKERS = {"patchserve": "o", "patchserve-no-batching": "s", "naive": "^", "litserve": "D"}
 
@@ -41,7 +44,13 @@ def plot(results: dict, stem: Path) -> list[Path]:
         ax.axhline(raw["a"]["images_per_s"], color="black", linestyle="--", label="(a) ORT best batch")
         ax.axhline(raw["b_sequential"]["images_per_s"], color="grey", linestyle=":", label="(b) decode + ORT")
         limit = results.get("ceiling", {}).get(size)
-        if limit and not limit["void"]:
+        probes = report.ceiling_probes(results).get(size, [])
+        if probes and not any(c["void"] for c in probes):  # measured in every round (bench/ceiling.py)
+            values = [c["images_per_s"] for c in probes]
+            ax.axhspan(min(values), max(values), color="tab:red", alpha=0.1)
+            label = "ceiling in the rounds (median, min–max)"
+            ax.axhline(statistics.median(values), color="tab:red", linestyle="-.", label=label)
+        elif limit and not limit["void"]:
             ax.axhline(limit["images_per_s"], color="tab:red", linestyle="-.", label="ceiling (measured costs)")
         ax.set(xscale="log", xlabel="concurrency (requests in flight)", ylabel="requests/s", title=f"{size} JPEGs")
         ax.set_xticks(results["protocol"]["concurrency"], [str(c) for c in results["protocol"]["concurrency"]])

@@ -176,7 +176,7 @@ def _spread(point: dict, key: str, digits: int = 1) -> str:
     return f"{point[key]:.{digits}f} ({point[key + '_min']:.{digits}f}–{point[key + '_max']:.{digits}f})"
 
 
-def _ceiling_probes(results: dict) -> dict[str, list[dict]]:
+def ceiling_probes(results: dict) -> dict[str, list[dict]]:
     """Every ceiling measured in a round (``ceiling_rounds``), by size, each once."""
     seen: dict[tuple[str, int], list[dict]] = {}
     for point in results["http"]:
@@ -186,6 +186,14 @@ def _ceiling_probes(results: dict) -> dict[str, list[dict]]:
     for (size, _), probes in seen.items():
         by_size.setdefault(size, []).extend(probes)
     return by_size
+
+
+def _probes_valid(results: dict) -> str:
+    """ " and K of N round ceilings", or "" when no ceiling was measured in the rounds."""
+    probes = [p for ps in ceiling_probes(results).values() for p in ps]
+    if not probes:
+        return ""
+    return f" and {sum(not p['void'] for p in probes)} of {len(probes)} round ceilings"
 
 
 def _probe_spread(probes: list[dict] | None) -> str:
@@ -207,7 +215,9 @@ def _http_table(points: list[dict], ratio_of: dict, order: list[str], with_ceili
         row = f"| {r['label']} | {r['size']} | {r['concurrency']} | {_spread(r, 'throughput')} | "
         row += f"{_spread(r, 'p50_ms')} | {_spread(r, 'p99_ms')} | {r['errors']} |"
         if with_ceiling:
-            row += f" {_fmt(ratio_of[(r['server'], r['size'], r['concurrency'])]['vs_ceiling'], 2)} |"
+            probe_void = any(c["void"] for c in r.get("ceiling_rounds", []))
+            ratio = ratio_of[(r["server"], r["size"], r["concurrency"])]["vs_ceiling"]
+            row += " void |" if probe_void else f" {_fmt(ratio, 2)} |"
         row += f" {r['foreign_cores_max']:.2f} | {r['rounds_valid']}/{r['rounds']} |"
         lines.append(row)
     return lines
@@ -224,15 +234,15 @@ def markdown(results: dict, path: Path | str) -> str:
         f"onnxruntime {m['versions']['onnxruntime']}, litserve {m['versions']['litserve']}, {m['wrk']}.",
         f"Model: {results['model']['name']}: {results['model']['manifest']}. {p.get('rounds', 1)} interleaved "
         f"rounds, {p['seconds']:.0f} s per point after {p['warmup']:.0f} s of warm-up; medians (min–max) over rounds.",
-        f"Quiet: {len(everything) - len(void)} of {len(everything)} points valid; a point is void when processes "
-        f"outside the benchmark took more than {p.get('void_threshold_cores', 0.1):.2f} cores while it ran "
-        "(measured from /proc, re-run once).",
+        f"Quiet: {len(everything) - len(void)} of {len(everything)} points{_probes_valid(results)} valid; a point "
+        f"is void when processes outside the benchmark took more than {p.get('void_threshold_cores', 0.1):.2f} "
+        "cores while it ran (measured from /proc, re-run once).",
         "",
         "| size | (a) ORT best batch, img/s | (b) decode + ORT, 1 thread | decode CPU ms | HTTP CPU ms "
         "| ceiling, img/s | ceiling in the rounds, img/s |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
-    probes = _ceiling_probes(results)
+    probes = ceiling_probes(results)
     for size, r in results["raw"].items():
         limit = results.get("ceiling", {}).get(size, {})
         if r.get("void"):

@@ -366,7 +366,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument(
         "--no-round-ceiling",
         action="store_true",
-        help="measure the ceiling at the start only, not again in every round (bench/ceiling.py; saves ~2 minutes)",
+        help="measure the ceiling at the start only, not again in every round (bench/ceiling.py; about 8 s "
+        "per point and round)",
     )
     parser.add_argument("--docs", type=Path, default=None, help="write the tables into this page (docs/performance.md)")
     args = parser.parse_args(argv)
@@ -413,13 +414,18 @@ def main(argv: list[str] | None = None) -> None:
         "autotune": {},
     }
     results["http_cpu"] = measure_http_cpu(
-        files_by_size, concurrency=16, seconds=args.seconds, warmup=args.warmup, log_dir=args.work / "logs"
+        files_by_size,
+        concurrency=ceiling.HTTP_CONCURRENCY,
+        seconds=args.seconds,
+        warmup=args.warmup,
+        log_dir=args.work / "logs",
     )
     results["ceiling"] = ceilings(results, info["cores"])
     round_ceiling = None
     if not args.no_round_ceiling:
         best = {size: r["a"] for size, r in results["raw"].items()}
         round_ceiling = ceiling.Probe(model_dir, files_by_size, best, cores=info["cores"])
+    results["protocol"]["round_ceiling"] = round_ceiling.settings() if round_ceiling is not None else None
     results["http"] = measure_http(
         contestants,
         files_by_size,

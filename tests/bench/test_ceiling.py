@@ -4,12 +4,15 @@ costs on a real model (its HTTP part stubbed: wrk is the benchmark's tool, not t
 
 from __future__ import annotations
 
+import contextlib
+import statistics
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from PIL import Image
 
-from bench import ceiling, decode, report
+from bench import ceiling, decode, raw, report, run, servers
 from bench.run import schedule
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
@@ -87,7 +90,8 @@ def test_the_target_and_the_table_use_the_rounds_ceilings_and_old_files_the_star
     assert paired["640x480, c=64: patchserve / ceiling"] == pytest.approx(1.0)
     text = report.markdown(results(with_probes=True), "bench/results/x.json")
     assert "| 640x480 | 67.6 (batch 1) | 43.7 | 1.37 | 0.15 | 64.3 | 55.0 (50.0–60.0) of 6 |" in text
-    assert "| patchserve | 640x480 | 16 | 54.0 (50.0–55.0) |" in text and "| 0 | 1.00 |" in text
+    row = "| patchserve | 640x480 | 16 | 54.0 (50.0–55.0) | 10.0 (10.0–10.0) | 12.0 (12.0–12.0) | 0 | 1.00 | 0.01 |"
+    assert row in text
     assert "its own round's ceiling" in text
     start = {t["target"]: t["value"] for t in results(with_probes=False)["targets"]}
     assert start["640x480, c=16: patchserve / ceiling"] == pytest.approx(54.0 / 64.3)
@@ -100,8 +104,15 @@ def test_a_void_probe_shows_void_never_its_number() -> None:
     data["http"][0]["ceiling_rounds"][1] = probe(1, 99.0, "foreign processes took 0.30 cores")
     data["ratios"], data["targets"] = report.ratios(data), report.targets(data)
     assert {t["target"]: t["met"] for t in data["targets"]}["640x480, c=16: patchserve / ceiling"] is None
+    ratios = {(r["server"], r["concurrency"]): r["vs_ceiling"] for r in data["ratios"]}
+    assert ratios[("patchserve", 16)] is None and ratios[("naive", 16)] is None  # the point's probes are shared
+    assert ratios[("patchserve", 64)] == pytest.approx(1.0)
     text = report.markdown(data, "bench/results/x.json")
     assert "| 64.3 | void |" in text and "99.0" not in text
+    for server in ("patchserve", "naive"):
+        row = next(ln for ln in text.splitlines() if ln.startswith(f"| {server} | 640x480 | 16 |"))
+        assert row.endswith("| 0 | void | 0.01 | 3/3 |")  # its own rounds were quiet; its ceiling was not
+    assert "Quiet: 4 of 4 points and 5 of 6 round ceilings valid" in text
 
 
 def test_the_probe_measures_ort_at_the_start_runs_best_configuration_and_the_decode_now(
@@ -117,6 +128,13 @@ def test_the_probe_measures_ort_at_the_start_runs_best_configuration_and_the_dec
         return {"cpu_ms_per_request": 0.25}
 
     monkeypatch.setattr(ceiling, "http_cpu", http_cpu)
+    measured = raw.ort_best_batch
+
+    def ort_best_batch(model_dir, files, **kwargs) -> dict:
+        seen.update(ort=kwargs)
+        return measured(model_dir, files, **kwargs)
+
+    monkeypatch.setattr(raw, "ort_best_batch", ort_best_batch)
     best = {"640x480": {"images_per_s": 1.0, "best_batch_size": 2, "sessions": 2}}
     measure = ceiling.Probe(model, {"640x480": [image]}, best, cores=2, seconds=0.2, warmup=0)
     got = measure(echo=None, size="640x480")  # type: ignore[arg-type]  # the stub needs no server
@@ -124,7 +142,8 @@ def test_the_probe_measures_ort_at_the_start_runs_best_configuration_and_the_dec
     assert got["images_per_s"] == pytest.approx(
         report.ceiling(got["ort_images_per_s"], got["decode_cpu_ms"] / 1e3, 0.25e-3, 2)
     )
-    assert seen == {"path": "/echo", "files": [image], "concurrency": 16}
+    assert seen == {"path": "/echo", "files": [image], "concurrency": 16,
+                    "ort": {"seconds": 0.2, "batch_sizes": (2,), "sessions": 2}}  # fmt: skip
 
 
 def test_the_ceilings_decode_cost_is_the_draft_decode_alone(tmp_path: Path) -> None:
@@ -136,3 +155,52 @@ def test_the_ceilings_decode_cost_is_the_draft_decode_alone(tmp_path: Path) -> N
     both = decode.decode_cost(model, [image], repeats=1)
     assert {"draft_ms", "full_ms", "plain_decode_ms"} <= set(both)
     assert both["draft_over_full"] == pytest.approx(both["draft_ms"] / both["full_ms"])
+
+
+def test_each_round_of_each_point_measures_the_ceiling_first_and_hands_it_to_every_server_of_the_point(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """bench.run.measure_http with the servers, wrk and the quiet check stubbed: the order and the pairing."""
+    order: list = []
+
+    @contextlib.contextmanager
+    def all_running(everyone: list, log_dir: Path):
+        yield {s.key: SimpleNamespace(key=s.key, url=f"http://{s.key}") for s in everyone}
+
+    @contextlib.contextmanager
+    def alone(running: dict, key: str):
+        order.append(key)
+        yield running[key]
+
+    def measure_point(url: str, files: list, **_: object) -> dict:
+        return round_(-1, 50.0 if "patchserve" in url else 45.0)  # run.measure_http sets the round
+
+    class Probe:
+        server = servers.echo()
+        made = 0
+
+        def __call__(self, echo: SimpleNamespace, size: str) -> dict:
+            order.append(("probe", echo.key, size))
+            Probe.made += 1
+            return probe(-1, 50.0 + Probe.made)  # run.measure_http sets the round, the stubbed _quietly void
+
+    monkeypatch.setattr(servers, "all_running", all_running)
+    monkeypatch.setattr(servers, "alone", alone)
+    monkeypatch.setattr(run, "expected_top1", lambda *_: 0)
+    monkeypatch.setattr(run, "smoke_check", lambda *_: None)
+    monkeypatch.setattr(run, "measure_point", measure_point)
+    monkeypatch.setattr(run, "_quietly", lambda measure, what: measure() | {"void": ""})
+    contestants = [s for s in servers.contestants(tmp_path, "m") if s.key in ("patchserve", "naive")]
+    records = run.measure_http(
+        contestants, {"640x480": [tmp_path / "a.jpg"]}, [1, 16], model="m", model_dir=tmp_path, seconds=1.0,
+        warmup=0.0, rounds=2, log_dir=tmp_path, ceiling_probe=Probe(),  # type: ignore[arg-type]
+    )  # fmt: skip
+    probe_at = ("probe", "echo", "640x480")
+    assert order == ["echo", probe_at, "patchserve", "naive"] * 4  # (c=1: 2 rounds, then c=16: 2 rounds)
+    by = {(r["server"], r["concurrency"]): r for r in records}
+    for c, first in ((1, 51.0), (16, 53.0)):
+        ours, theirs = by[("patchserve", c)], by[("naive", c)]
+        assert ours["ceiling_rounds"] is theirs["ceiling_rounds"]  # one point, one set of ceilings
+        assert [(p["round"], p["images_per_s"]) for p in ours["ceiling_rounds"]] == [(0, first), (1, first + 1)]
+        assert [r["round"] for r in ours["rounds_detail"]] == [0, 1]
+        assert report.vs_ceiling({}, ours) == pytest.approx(statistics.median([50 / first, 50 / (first + 1)]))
