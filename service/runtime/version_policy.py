@@ -112,7 +112,7 @@ class ConfigError(Exception):
     """A ``config.json`` (or a load request's config) that is not valid, naming the file and field."""
 
 
-def _once_each_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+def once_each_key(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """A JSON object's members as a dict; a key given twice (which json.loads lets the last win) is refused."""
     keys = [key for key, _ in pairs]
     if len(set(keys)) != len(keys):
@@ -135,7 +135,7 @@ def parse_config(text: str, source: str, *, loading: str | None = None) -> Model
             names ``source``).
     """
     try:
-        data = json.loads(text, object_pairs_hook=_once_each_key)
+        data = json.loads(text, object_pairs_hook=once_each_key)
     except ValueError as exc:
         raise ConfigError(f"{source}: not JSON: {exc}") from None
     if not isinstance(data, dict):

@@ -311,7 +311,7 @@ def parse_infer_request(body: bytes, header_length: str | None, max_values: int 
     _require(isinstance(binary_output, bool), "parameters.binary_data_output must be true or false")
     timeout_us = parameters.get("timeout", 0)
     _require(
-        isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and timeout_us >= 0,
+        isinstance(timeout_us, int) and not isinstance(timeout_us, bool) and 0 <= timeout_us < 2**63,
         f"parameters.timeout must be a non-negative integer number of microseconds below 2**63 (JSON numbers "
         f"beyond it read as floats), not {timeout_us!r:.40}",
     )

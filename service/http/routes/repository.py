@@ -27,7 +27,7 @@ from service.http.deps import State
 from service.http.routes.v2 import ProtocolRoute
 from service.http.uploads import read_body
 from service.runtime.model_control import ModelControl
-from service.runtime.version_policy import ConfigError, parse_config
+from service.runtime.version_policy import ConfigError, once_each_key, parse_config
 from service.v2.openapi import v2_responses
 
 router = APIRouter(prefix="/v2/repository", tags=["open inference protocol (v2)"], route_class=ProtocolRoute)
@@ -58,20 +58,32 @@ async def _read_body(request: Request, state: State) -> bytes:
     return await read_body(request, state.settings.max_body_bytes)
 
 
+def _json(body: bytes) -> Any:
+    """The body as JSON; a key given twice in one object is refused, as in a load's config (json.loads
+    lets the last win: ``{"parameters": {"config": …}, "parameters": {}}`` loaded without the config).
+
+    Raises:
+        BadRequest: not JSON, or a key given twice (400).
+    """
+    try:
+        return json.loads(body, object_pairs_hook=once_each_key)
+    except json.JSONDecodeError as exc:
+        raise BadRequest(f"the body is not JSON: {exc}") from None
+    except ValueError as exc:  # once_each_key's
+        raise BadRequest(f"the body has {exc}") from None
+
+
 async def _parameters(request: Request, state: State) -> dict[str, Any]:
     """The request body's ``parameters`` object ({} for an empty body).
 
     Raises:
-        BadRequest: a body that is not a JSON object, or ``parameters`` that is not one.
+        BadRequest: a body that is not a JSON object (or gives a key twice), or ``parameters`` that is not one.
     """
     body = await _read_body(request, state)
     if not body.strip():
         return {}
     check_containers(body, CONTROL_CONTAINERS, 'the body is {"parameters": {...}}')
-    try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise BadRequest(f"the body is not JSON: {exc}") from None
+    data = _json(body)
     parameters = data.get("parameters", {}) if isinstance(data, dict) else None
     if not isinstance(parameters, dict):
         raise BadRequest('the body must be a JSON object such as {"parameters": {"config": "{...}"}}')
@@ -105,10 +117,7 @@ async def index(request: Request, state: State) -> list[dict[str, str]]:
     ready_only = False
     if body.strip():
         check_containers(body, CONTROL_CONTAINERS, 'the body is {"ready": true} or empty')
-        try:
-            data = json.loads(body)
-        except ValueError as exc:
-            raise BadRequest(f"the body is not JSON: {exc}") from None
+        data = _json(body)
         if not isinstance(data, dict) or not isinstance(data.get("ready", False), bool):
             raise BadRequest('the body must be a JSON object such as {"ready": true}')
         ready_only = data.get("ready", False)

@@ -294,6 +294,15 @@ async def test_a_load_config_with_keys_this_server_ignores_is_refused(repository
         ):
             refused = await client.post(LOAD, json={"parameters": {"config": text}})
             assert refused.status_code == 400 and says in refused.json()["error"], refused.text
+        # A tester's: the body's own keys twice loaded with the last, the config silently dropped.
+        for body in (
+            '{"parameters": {"config": "{\\"version_policy\\": {\\"all\\": {}}}"}, "parameters": {}}',
+            '{"parameters": {"config": "{}", "config": "{\\"version_policy\\": {\\"all\\": {}}}"}}',
+        ):
+            twice = await client.post(LOAD, content=body, headers={"Content-Type": "application/json"})
+            assert twice.status_code == 400 and "given twice in one object" in twice.json()["error"], twice.text
+        index = await client.post(INDEX, content=b'{"ready": true, "ready": false}')
+        assert index.status_code == 400 and "'ready' given twice" in index.json()["error"]
         unknown = await client.post(LOAD, json={"parameters": {"foo": 1}})
         assert unknown.status_code == 400 and "unknown load parameter(s) 'foo'" in unknown.json()["error"]
         quoted = await client.post(LOAD, json=load({"version_policy": {"specific": {"versions": ["1"]}}}))

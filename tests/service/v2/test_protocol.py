@@ -350,6 +350,9 @@ async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> Non
         by_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "0.000001"})
         bad = await client.post(INFER, json=json_request(x, parameters={"timeout": -5}))
         huge = await client.post(INFER, json=json_request(x, parameters={"timeout": 10**30}))  # an integer literal
+        just_past = [  # a tester's: 2**63 … 2**64 - 1 still read as integers and were taken
+            await client.post(INFER, json=json_request(x, parameters={"timeout": t})) for t in (2**63, 2**64 - 1)
+        ]
         bad_header = await client.post(INFER, json=json_request(x), headers={"X-Request-Timeout": "soon"})
         bad_query = await client.post(INFER, json=json_request(x), params={"timeout": "0"})
         metrics = (await client.get("/metrics")).text
@@ -359,6 +362,8 @@ async def test_deadlines_from_the_timeout_parameter_and_header_are_504s() -> Non
     assert_error(bad, 400, "timeout")
     # A fresh user's: 10**30 read as the float 1e+30, and the 400 called an integer "not an integer".
     assert_error(huge, 400, "below 2**63 (JSON numbers beyond it read as floats)")
+    for refused in just_past:
+        assert_error(refused, 400, "below 2**63")
     # Found by a fresh user: the 400 said only "Input should be a valid number" and named nothing.
     assert_error(bad_header, 400, "header 'x-request-timeout': Input should be a valid number")
     assert_error(bad_query, 400, "query parameter 'timeout': Input should be greater than 0")
