@@ -233,7 +233,8 @@ def markdown(results: dict, path: Path | str) -> str:
         f"Machine: {m['cpu']}, {m['cores']} usable cores ({m.get('cpus', '')}), {m['memory_gib']} GiB; "
         f"onnxruntime {m['versions']['onnxruntime']}, litserve {m['versions']['litserve']}, {m['wrk']}.",
         f"Model: {results['model']['name']}: {results['model']['manifest']}. {p.get('rounds', 1)} interleaved "
-        f"rounds, {p['seconds']:.0f} s per point after {p['warmup']:.0f} s of warm-up; medians (min–max) over rounds.",
+        f"rounds{', the order turned by one place each round' if p.get('order') == 'turned' else ''}, "
+        f"{p['seconds']:.0f} s per point after {p['warmup']:.0f} s of warm-up; medians (min–max) over rounds.",
         f"Quiet: {len(everything) - len(void)} of {len(everything)} points{_probes_valid(results)} valid; a point "
         f"is void when processes outside the benchmark took more than {p.get('void_threshold_cores', 0.1):.2f} "
         "cores while it ran (measured from /proc, re-run once).",

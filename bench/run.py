@@ -18,8 +18,9 @@ A benchmark that cannot be fooled by the machine (issue 14):
   which it passed 0.1 cores is re-run once and, still loaded, reported void and kept out of
   every table. (a), (b) and the HTTP-cost measurement are judged the same way.
 * **interleaved rounds**: every (size, concurrency) point is measured for each contestant in
-  turn, A B C D, then again, ``--rounds`` times (3), so drifting load hits them alike; tables
-  give the median with its min-max.
+  turn, ``--rounds`` times (3), the order turned by one place each round (A B C D, B C D A,
+  C D A B: :func:`schedule`), so drifting load hits them alike and no contestant always holds the
+  same place in the round; tables give the median with its min-max.
 * **the ceiling**: what serving encoded images could reach on these cores, from measured
   costs: 1 / (1/(a) + (decode CPU + HTTP CPU per image) / cores), the HTTP CPU from an endpoint
   that only reads the same multipart body (``bench/echo_app.py``) under the same wrk load;
@@ -154,14 +155,38 @@ def measure_raw(model_dir: Path, files: list[Path], seconds: float) -> dict:
     return _quietly(measure, f"raw {model_dir.parent.name}")
 
 
+def rotated(contestants: Sequence[str], round_: int) -> list[str]:
+    """The contestants' order in round ``round_``: the list turned left by ``round_`` places.
+
+    Over as many rounds as contestants each takes every place once (a cyclic Latin square), so a
+    place's own advantage (the point just after a probe, or after a paused server resumed) is spread
+    over all of them instead of always falling to the same one.
+    """
+    k = round_ % len(contestants) if contestants else 0
+    return [*contestants[k:], *contestants[:k]]
+
+
 def schedule(
-    sizes: Sequence[str], concurrencies: Sequence[int], contestants: Sequence[str], rounds: int
+    sizes: Sequence[str],
+    concurrencies: Sequence[int],
+    contestants: Sequence[str],
+    rounds: int,
+    *,
+    first: Sequence[str] = (),
 ) -> list[tuple[str, int, int, str]]:
     """The order points are measured in: (size, concurrency, round, contestant).
 
-    For each (size, concurrency), every contestant in turn, ``rounds`` times: A B C A B C A B C.
+    For each (size, concurrency), every contestant in turn, ``rounds`` times, in an order turned by
+    one place each round (:func:`rotated`): A B C, B C A, C A B. ``first`` (the ceiling's probe) opens
+    every round, before them.
     """
-    return [(size, c, r, key) for size in sizes for c in concurrencies for r in range(rounds) for key in contestants]
+    return [
+        (size, c, r, key)
+        for size in sizes
+        for c in concurrencies
+        for r in range(rounds)
+        for key in [*first, *rotated(contestants, r)]
+    ]
 
 
 def measure_point(url: str, files: list[Path], *, concurrency: int, seconds: float, warmup: float) -> dict:
@@ -235,8 +260,9 @@ def measure_http(
             if server.key.startswith("patchserve") and tuned is not None:
                 tuned[f"{model} ({server.key})"] = described(running[server.key], model)
         by_key = {server.key: server for server in contestants}
-        keys = ([ceiling.KEY] if ceiling_probe is not None else []) + list(by_key)
-        for size, concurrency, round_, key in schedule(list(files_by_size), concurrencies, keys, rounds):
+        first = [ceiling.KEY] if ceiling_probe is not None else []
+        for size, concurrency, round_, key in schedule(list(files_by_size), concurrencies, list(by_key), rounds,
+                                                       first=first):  # fmt: skip
             if ceiling_probe is not None and key == ceiling.KEY:
                 with servers.alone(running, ceiling_probe.server.key) as echo:
 
@@ -398,6 +424,7 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "rounds": rounds,
+            "order": "turned",  # by one place each round (schedule); runs before 2026-12-07 22:00 UTC: fixed
             "raw_seconds": args.raw_seconds,
             "concurrency": concurrencies,
             "void_threshold_cores": quiet.THRESHOLD,

@@ -8,8 +8,9 @@ Each variant is a name and ``PATCHSERVE_*`` settings (lower case, ``name:value``
 separated) applied on top of the defaults. Every variant is started at once and each
 (concurrency, round) point is measured for each variant in turn, so load from elsewhere on the
 machine hits them alike; each point is watched for foreign load (:mod:`bench.quiet`) and marked
-void when the machine was not quiet. Writes ``bench/results/variants-<date>-<host>.json`` and
-prints a table.
+void when the machine was not quiet. The order turns by one place each round (A B C, B C A,
+C A B: :func:`bench.run.rotated`), so no variant always holds the same place. Writes
+``bench/results/variants-<date>-<host>.json`` and prints a table.
 
 ``--model NAME`` serves a trained classifier from ``model_repository/`` (its highest version, alone,
 as ``make bench`` serves the trained models) instead of the random ViT-Ti/16; ``--naive`` adds the
@@ -87,7 +88,8 @@ def main(argv: list[str] | None = None) -> None:
     with servers.all_running(contestants, args.work / "logs" / "variants") as running:
         for round_ in range(args.rounds):
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                for server in contestants:
+                by_key = {server.key: server for server in contestants}
+                for server in (by_key[key] for key in run.rotated(list(by_key), round_)):  # A B C, B C A, ...
                     url = running[server.key].url + server.path
                     with servers.alone(running, server.key):  # the other variants paused
                         loadgen.run(url, files, concurrency=concurrency, seconds=args.warmup)

@@ -47,8 +47,9 @@ def test_a_void_round_or_ceiling_or_a_round_without_one_gives_no_ratio() -> None
 
 
 def test_the_ceiling_is_measured_first_in_every_round_of_every_point() -> None:
-    order = schedule(["640x480"], [1, 16], [ceiling.KEY, "patchserve", "naive"], rounds=3)
-    assert [key for _, _, _, key in order[:6]] == [ceiling.KEY, "patchserve", "naive"] * 2
+    order = schedule(["640x480"], [1, 16], ["patchserve", "naive"], rounds=3, first=[ceiling.KEY])
+    rounds = [[ceiling.KEY, "patchserve", "naive"], [ceiling.KEY, "naive", "patchserve"]]  # turned, probe first
+    assert [key for _, _, _, key in order[:6]] == rounds[0] + rounds[1]
     probed = [(c, r) for _, c, r, key in order if key == ceiling.KEY]
     assert probed == [(1, 0), (1, 1), (1, 2), (16, 0), (16, 1), (16, 2)]
 
@@ -196,7 +197,8 @@ def test_each_round_of_each_point_measures_the_ceiling_first_and_hands_it_to_eve
         warmup=0.0, rounds=2, log_dir=tmp_path, ceiling_probe=Probe(),  # type: ignore[arg-type]
     )  # fmt: skip
     probe_at = ("probe", "echo", "640x480")
-    assert order == ["echo", probe_at, "patchserve", "naive"] * 4  # (c=1: 2 rounds, then c=16: 2 rounds)
+    turns = ["echo", probe_at, "patchserve", "naive", "echo", probe_at, "naive", "patchserve"]  # the order turns
+    assert order == turns * 2  # (c=1: 2 rounds, then c=16: 2 rounds)
     by = {(r["server"], r["concurrency"]): r for r in records}
     for c, first in ((1, 51.0), (16, 53.0)):
         ours, theirs = by[("patchserve", c)], by[("naive", c)]

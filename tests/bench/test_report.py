@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from bench import report
-from bench.run import schedule
+from bench.run import rotated, schedule
 
 SERVERS = {
     "patchserve": "(c) patchserve",
@@ -105,10 +105,20 @@ def test_rounds_give_the_median_and_its_spread_and_one_void_round_voids_the_poin
 def test_contestants_are_interleaved_in_rounds_within_each_point() -> None:
     order = schedule(["640x480", "4000x3000"], [1, 16], ["A", "B", "C"], rounds=3)
     first = [(r, key) for size, c, r, key in order if (size, c) == ("640x480", 1)]
-    assert first == [(0, "A"), (0, "B"), (0, "C"), (1, "A"), (1, "B"), (1, "C"), (2, "A"), (2, "B"), (2, "C")]
+    assert first == [(0, "A"), (0, "B"), (0, "C"), (1, "B"), (1, "C"), (1, "A"), (2, "C"), (2, "A"), (2, "B")]
     points = [(size, c) for size, c, _, _ in order[::9]]
     assert points == [("640x480", 1), ("640x480", 16), ("4000x3000", 1), ("4000x3000", 16)]
     assert len(order) == 2 * 2 * 3 * 3
+
+
+def test_every_contestant_takes_every_place_once_over_as_many_rounds() -> None:
+    keys = ["A", "B", "C", "D"]
+    places = [rotated(keys, r) for r in range(4)]
+    for place in range(4):
+        assert sorted(order[place] for order in places) == keys  # a cyclic Latin square
+    assert all(sorted(order) == keys for order in places)
+    assert rotated(keys, 5) == rotated(keys, 1)  # more rounds than contestants: the turn goes on
+    assert rotated([], 2) == []
 
 
 def test_the_targets_are_issue_14s_with_the_medians() -> None:
@@ -141,6 +151,10 @@ def test_the_tables_show_medians_with_their_spread_and_never_a_void_points_numbe
     text = report.markdown(results(void={("naive", "640x480", 16)}), "bench/results/x.json")
     assert "AMD EPYC, 2 usable cores" in text and "3 interleaved rounds" in text
     assert "Quiet: 17 of 18 points valid" in text
+    assert "the order turned" not in text  # a file from before the turning order says nothing of it
+    turned = results(void={("naive", "640x480", 16)})
+    turned["protocol"]["order"] = "turned"
+    assert "3 interleaved rounds, the order turned by one place each round, 10 s" in report.markdown(turned, "x")
     ours = "| (c) patchserve | 640x480 | 16 | 82.0 (77.9–86.1) | 190.0 (180.5–199.5) | 230.0 (218.5–241.5) | 0 | 0.95 |"
     assert ours in text
     naive_16 = next(ln for ln in text.splitlines() if ln.startswith("| (e) naive FastAPI endpoint | 640x480 | 16 |"))
