@@ -47,8 +47,25 @@ def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str
     exp = np.exp(logits.astype(np.float64) - logits.max())  # float64, as the plain-Python path
     probabilities = exp / exp.sum()
     k = min(top_k, len(labels))
-    order = np.argsort(-probabilities, kind="stable")[:k]
-    return [{"label": labels[i], "class_id": int(i), "score": float(probabilities[i])} for i in order]
+    if k < len(labels) and np.isfinite(probabilities).all():
+        order = _top(probabilities, k)
+    else:  # every class asked for, or NaN scores (a broken model): the full sort, which orders them as before
+        order = np.argsort(-probabilities, kind="stable")[:k]
+    return [{"label": labels[i], "class_id": i, "score": float(probabilities[i])} for i in order.tolist()]
+
+
+def _top(scores: np.ndarray, k: int) -> np.ndarray:
+    """The indices of the ``k`` largest finite ``scores``, largest first, ties by lower index first.
+
+    What ``np.argsort(-scores, kind="stable")[:k]`` gives, without sorting every class: the k-th
+    largest score is found by a partial sort (``np.partition``, linear time), and only the classes
+    scoring at least that (k of them, more on a tie) are sorted. For 1,000 classes and k = 5 the
+    classification took 47-57 instead of 57-87 µs in a warm loop (the two alternating), on the event
+    loop, per image.
+    """
+    kth = np.partition(scores, scores.size - k)[scores.size - k]
+    candidates = np.flatnonzero(scores >= kth)  # ascending, so the stable sort keeps lower ids first on a tie
+    return candidates[np.argsort(-scores[candidates], kind="stable")[:k]]
 
 
 def _classify_small(logits: list[float], labels: list[str], top_k: int) -> list[dict[str, Any]] | None:

@@ -53,6 +53,19 @@ def test_every_class_count_matches_the_reference(classes: int) -> None:
             assert all(type(r["class_id"]) is int and type(r["score"]) is float for r in result)  # JSON-ready
 
 
+@pytest.mark.parametrize("top_k", [1, 3, 5, 8, 999])
+def test_ties_across_the_kth_place_keep_the_lower_ids_as_the_full_sort_does(top_k: int) -> None:
+    # the partial sort for many classes: scores equal at and around the k-th place, and everything equal
+    logits = np.zeros(1000, dtype=np.float32)
+    logits[[900, 40, 7, 512, 3, 999, 64]] = 2.0  # seven tied for first, spread over the ids
+    logits[[100, 800]] = 3.0
+    for case in (logits, np.zeros(1000, dtype=np.float32), np.full(1000, -5.0, dtype=np.float32)):
+        result = classify(case, [str(i) for i in range(1000)], top_k)
+        order, scores = reference(case, top_k)
+        assert [r["class_id"] for r in result] == order
+        assert [r["score"] for r in result] == pytest.approx(scores.tolist(), rel=1e-12)
+
+
 def test_a_large_logit_gap_gives_one_and_zeros() -> None:
     for classes in (3, 100):
         logits = np.zeros(classes, dtype=np.float32)
