@@ -9,8 +9,8 @@ running (docs/performance.md), a change that ``bench/quiet.py`` cannot see (it c
 processes and steal time, not a slower core). A throughput from one moment divided by a ceiling
 from another then measures the host as much as the server.
 
-So :class:`Probe` is a pseudo-contestant of :func:`bench.run.schedule`: in every round of every
-point, before the servers, it measures the three costs again, shorter than at the start: ONNX
+So :class:`Probe` opens every round of :func:`bench.run.schedule` (its ``first``): in every round of
+every point, before the servers, it measures the three costs again, shorter than at the start: ONNX
 Runtime for 3 s at the batch size and sessions the start of the run found best (not the start's
 sweep over batch sizes and configurations), the draft decode on the same files, the HTTP-alone
 endpoint at the same wrk concurrency for 3 s after 1 s (the start's: 10 s after the point's

@@ -424,7 +424,7 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": args.seconds,
             "warmup": args.warmup,
             "rounds": rounds,
-            "order": "turned",  # by one place each round (schedule); runs before 2026-12-07 22:00 UTC: fixed
+            "order": "turned",  # by one place each round (schedule); runs before 2026-12-07 21:46 UTC: fixed
             "raw_seconds": args.raw_seconds,
             "concurrency": concurrencies,
             "void_threshold_cores": quiet.THRESHOLD,

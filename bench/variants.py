@@ -125,6 +125,7 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model,
         "size": args.size,
         "variants": variants,
+        "order": "turned",  # by one place each round (bench.run.rotated); files before 2026-12-07 21:46 UTC: fixed
         "described": described,
         "results": rows,
     }

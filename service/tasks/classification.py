@@ -47,7 +47,7 @@ def classify(logits: np.ndarray, labels: list[str], top_k: int) -> list[dict[str
     exp = np.exp(logits.astype(np.float64) - logits.max())  # float64, as the plain-Python path
     probabilities = exp / exp.sum()
     k = min(top_k, len(labels))
-    if k < len(labels) and np.isfinite(probabilities).all():
+    if 0 < k < len(labels) and np.isfinite(probabilities).all():
         order = _top(probabilities, k)
     else:  # every class asked for, or NaN scores (a broken model): the full sort, which orders them as before
         order = np.argsort(-probabilities, kind="stable")[:k]

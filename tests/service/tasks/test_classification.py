@@ -66,6 +66,12 @@ def test_ties_across_the_kth_place_keep_the_lower_ids_as_the_full_sort_does(top_
         assert [r["score"] for r in result] == pytest.approx(scores.tolist(), rel=1e-12)
 
 
+def test_top_k_zero_is_an_empty_list_for_any_class_count() -> None:
+    # the route asks for top_k >= 1; the function itself answered [] for 0 before the partial sort, and still does
+    for classes in (3, 1000):
+        assert classify(np.zeros(classes, dtype=np.float32), [str(i) for i in range(classes)], top_k=0) == []
+
+
 def test_a_large_logit_gap_gives_one_and_zeros() -> None:
     for classes in (3, 100):
         logits = np.zeros(classes, dtype=np.float32)
