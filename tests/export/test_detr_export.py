@@ -122,7 +122,9 @@ def test_committed_detr_manifest_records_parity_and_the_ap_it_measures() -> None
         postprocess=served_rule(manifest),
     )
     measured = coco_ap(to_coco(test), detections)
-    assert measured["AP"] == pytest.approx(metrics["test_AP"], abs=1e-9)
+    # Not to the last bit: ONNX Runtime's scores differ in their last float32 bits from one CPU to another
+    # (on the VM of 2026-12-07 21:15 UTC the AP came to 0.86931446 against the committed 0.86931449).
+    assert measured["AP"] == pytest.approx(metrics["test_AP"], abs=1e-6)
     assert measured["AP50"] == pytest.approx(metrics["test_AP50"], abs=1e-9)
     quality = set_quality(to_coco(test), detections, threshold=metrics["set_quality_threshold"])
     for key in ("duplicate_canvas_fraction", "duplicate_pairs", "precision", "recall", "missed"):

@@ -107,7 +107,9 @@ def test_committed_version_4_is_what_the_command_makes_from_version_3(tmp_path) 
     metrics = manifest.provenance.metrics
     for key, value in recorded.provenance.metrics.items():
         if key != "calibration_seconds":
-            assert metrics[key] == pytest.approx(value, rel=1e-6, abs=1e-9), key
+            # rel 1e-5, not 1e-6: version 3's scores differ in their last float32 bits from one CPU to another, and
+            # the fit carries that on (the VM of 2026-12-07 21:15 UTC: calibration_shift 1.4e-6 relative apart)
+            assert metrics[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
     assert manifest.provenance.recipe.startswith(load_manifest(source / "model.json").provenance.recipe + "; then ")
     assert "models.calibrate_detector" in manifest.provenance.recipe
     assert (

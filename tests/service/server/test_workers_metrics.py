@@ -253,6 +253,9 @@ def test_counts_are_exact_across_4_workers_and_after_one_is_killed(tmp_path: Pat
             up = promql(prom, 'up{job="patchserve"}')
             assert [float(r["value"][1]) for r in up] == [1.0]
 
+            # The supervisor's replacement takes connections while it loads, and answers them 503 until it is
+            # ready (a slow VM, 2026-12-07: one of the posts below): wait until it has logged "ready:" too.
+            wait_until_every_worker_is_ready(process.log_path, workers=5)  # the first 4 and the replacement
             # Errors and more traffic, so that every Grafana panel has something to show.
             with httpx.Client(base_url=url, timeout=30) as client:
                 for _ in range(5):
