@@ -3,6 +3,7 @@
     .venv/bin/python -m bench.loop_cpu --model vit-cifar10                 # patchserve's app
     .venv/bin/python -m bench.loop_cpu --model vit-cifar10 --naive         # bench/naive_app.py's
     .venv/bin/python -m bench.loop_cpu --model vit-cifar10 --profile       # and cProfile's top functions
+    .venv/bin/python -m bench.loop_cpu --model vit-cifar10 --router        # without the direct path
 
 Builds the app (``service.http.app.create_app`` on ``--repository``, auto-tuner off, or the naive
 endpoint on the model's highest version), waits until it is ready, then calls it directly with
@@ -102,6 +103,10 @@ async def measure(args: argparse.Namespace) -> None:
         from service.http.app import create_app
 
         app = create_app(Settings(model_repository=args.repository, device="cpu", auto_tune=False))
+        if args.router:  # every request through FastAPI's router, as before service/http/direct.py
+            from service.http.direct import DirectInference
+
+            app.user_middleware = [m for m in app.user_middleware if m.cls is not DirectInference]
         path, lifespan = f"/v1/models/{args.model}/classify", app.router.lifespan_context(app)
     if lifespan is not None:
         await lifespan.__aenter__()
@@ -148,6 +153,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warm-up", type=int, default=200, help="requests before the first round")
     parser.add_argument("--naive", action="store_true", help="bench/naive_app.py on the model's highest version")
+    parser.add_argument(
+        "--router", action="store_true", help="patchserve without its direct path: every request through the router"
+    )
     parser.add_argument("--profile", action="store_true", help="cProfile the rounds (slows them: CPU figures inflate)")
     args = parser.parse_args(argv)
     import uvloop  # as uvicorn runs patchserve

@@ -29,6 +29,7 @@ from service.core.settings import Settings, load_settings
 from service.core.tracing import Tracer, from_environment, install
 from service.core.version import VERSION
 from service.http import docs, openapi
+from service.http.direct import DirectInference
 from service.http.methods import HeadAsGet
 from service.http.middleware.access_log import AccessLogMiddleware
 from service.http.middleware.admission import EXEMPT_PATHS, AdmissionMiddleware
@@ -319,13 +320,15 @@ def create_app(settings: Settings, *, tracer: Tracer | None = None) -> FastAPI:
     install_handlers(app)
     app.include_router(health.router)
     app.include_router(models.router)
-    app.include_router(inference.build_router())  # one route per registered task
+    inference_routes = inference.build_router()  # one route per registered task
+    app.include_router(inference_routes)
     app.include_router(metrics.router)
     app.include_router(repository.router)  # before v2's catch-all
     app.include_router(v2.router)
     if settings.playground:
         app.include_router(playground.router)
-    app.add_middleware(HeadAsGet)  # innermost: HEAD wherever GET is served
+    app.add_middleware(DirectInference, routes=inference_routes.routes)  # innermost: past the router
+    app.add_middleware(HeadAsGet)  # HEAD wherever GET is served
     app.add_middleware(
         AdmissionMiddleware,
         max_in_flight=settings.max_in_flight,

@@ -81,7 +81,7 @@ class HeadAsGet:
     HEAD before it or with it (a route of both methods serves HEAD itself; the /v2 catch-all,
     registered last, takes any method); the response keeps its status and headers
     (``Content-Length`` included) and sends no body. Other requests pass untouched. The
-    innermost middleware: the access log sees the HEAD (the handler, and the metrics it
+    innermost middleware but the direct path (POST only): the access log sees the HEAD (the handler, and the metrics it
     records, see a GET).
     """
 

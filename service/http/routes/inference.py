@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
+from starlette.types import Scope
 
 from service import tasks
 from service.core.errors import BadRequest, DeadlineExceeded
@@ -228,41 +229,68 @@ def _endpoint(task: Task[Any]) -> Callable[..., Coroutine[Any, Any, Response]]:
 
 
 _TIMEOUT_HEADER = TIMEOUT_HEADER.lower().encode("latin-1")
+PREFIX = "/v1/models/"  # of every inference route: PREFIX + "{name}/{verb}"
 
 
-def _route_class(task: Task[Any]) -> type[APIRoute]:
-    """An ``APIRoute`` for ``task`` that answers a request with nothing to validate without FastAPI's solver.
+def direct_handler(task: Task[Any]) -> Callable[[Request], Coroutine[Any, Any, Response]] | None:
+    """``task``'s handler of a request with nothing to validate, without FastAPI's solver (None: none).
 
     A request with no query string and no ``X-Request-Timeout`` header has nothing for the
     route's dependencies to read: its parameters are ``task.Params()``'s defaults, the highest
     version and no requested timeout. FastAPI's dependency solver still took a third of the event
     loop's Python time for such a request (fastapi 0.165, cProfile, ``vit-cifar10``); without it
     the loop's CPU per request fell by about 0.2 ms on a 2-core VM (``python -m bench.loop_cpu``;
-    docs/performance.md), so this handler calls :func:`serve` directly for it. Every other
-    request takes FastAPI's own handler, so validation, its errors and the OpenAPI document (built
-    from the endpoint's signature) are unchanged. The direct handler does not look at
-    ``app.dependency_overrides`` (the server sets none).
+    docs/performance.md). The handler calls :func:`serve` directly for such a request and hands
+    any other to FastAPI's own handler (``general``, when given; else it must not be called with
+    one: :class:`~service.http.direct.DirectInference` checks first), so validation, its errors
+    and the OpenAPI document (built from the endpoint's signature) are unchanged. It does not look
+    at ``app.dependency_overrides`` (the server sets none). None when ``task.Params`` has a
+    required field: every request must then be validated.
     """
+    try:
+        task.Params()
+    except ValidationError:
+        return None
 
-    class InferenceRoute(APIRoute):
+    async def handler(request: Request) -> Response:
+        request.state.requested_timeout = None
+        state = request.app.state.server
+        return await serve(request, state, request.scope["path_params"]["name"], None, task, task.Params())
+
+    return handler
+
+
+def needs_validation(scope: Scope) -> bool:
+    """Whether an inference request has something for its route to validate: a query string, ``X-Request-Timeout``."""
+    return bool(scope["query_string"]) or any(key == _TIMEOUT_HEADER for key, _ in scope["headers"])
+
+
+class InferenceRoute(APIRoute):
+    """An inference route: FastAPI's handler for a request to validate, :attr:`direct` for the rest."""
+
+    direct: Callable[[Request], Coroutine[Any, Any, Response]] | None = None
+
+
+def _route_class(task: Task[Any]) -> type[APIRoute]:
+    """An :class:`InferenceRoute` for ``task`` that answers a request with nothing to validate by
+    :func:`direct_handler`, and keeps it as :attr:`InferenceRoute.direct` for the direct path."""
+    direct = direct_handler(task)
+
+    class TaskRoute(InferenceRoute):
         def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
             general = super().get_route_handler()
-            try:
-                task.Params()
-            except ValidationError:  # a required parameter: every request must be validated
+            if direct is None:
                 return general
 
             async def handler(request: Request) -> Response:
-                scope = request.scope
-                if scope["query_string"] or any(key == _TIMEOUT_HEADER for key, _ in scope["headers"]):
+                if needs_validation(request.scope):
                     return await general(request)
-                request.state.requested_timeout = None
-                state = request.app.state.server
-                return await serve(request, state, scope["path_params"]["name"], None, task, task.Params())
+                return await direct(request)
 
             return handler
 
-    return InferenceRoute
+    TaskRoute.direct = staticmethod(direct) if direct is not None else None  # a function, not a method
+    return TaskRoute
 
 
 def build_router() -> APIRouter:
@@ -271,7 +299,7 @@ def build_router() -> APIRouter:
     Every route takes ``?timeout=`` / ``X-Request-Timeout`` (seconds, may only shorten
     request_timeout). Built by the app factory, so a task registered before it is served.
     """
-    router = APIRouter(prefix="/v1/models", tags=["inference"], dependencies=[Depends(requested_timeout)])
+    router = APIRouter(prefix=PREFIX.rstrip("/"), tags=["inference"], dependencies=[Depends(requested_timeout)])
     for task in tasks.all_tasks():
         router.add_api_route(
             f"/{{name}}/{task.verb}",
