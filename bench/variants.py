@@ -85,10 +85,10 @@ def main(argv: list[str] | None = None) -> None:
     started = dt.datetime.now(dt.UTC)
     load_start = os.getloadavg()
     rows = []
+    by_key = {server.key: server for server in contestants}
     with servers.all_running(contestants, args.work / "logs" / "variants") as running:
         for round_ in range(args.rounds):
             for concurrency in (int(c) for c in args.concurrency.split(",")):
-                by_key = {server.key: server for server in contestants}
                 for server in (by_key[key] for key in run.rotated(list(by_key), round_)):  # A B C, B C A, ...
                     url = running[server.key].url + server.path
                     with servers.alone(running, server.key):  # the other variants paused
