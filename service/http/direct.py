@@ -17,7 +17,9 @@ than the catch-all's (:func:`~service.http.problems.install_handlers`: problems,
 HTTP exceptions) is answered by that handler, as Starlette's exception middleware would; any
 other propagates to the server-error middleware as before (its 500 problem). Every other
 request, and every request while a ``root_path`` is set, takes the router as before. The
-middlewares outside (request id, access log, tracing, keys, admission) see no difference.
+middlewares outside (request id, access log, tracing, keys, admission) see no difference. Not done
+here, as the server sets neither: FastAPI's per-router body and form limits (admission and
+:mod:`service.http.multipart` bound the body), and its own telemetry's route attribute.
 """
 
 from __future__ import annotations

@@ -240,12 +240,12 @@ def direct_handler(task: Task[Any]) -> Callable[[Request], Coroutine[Any, Any, R
     version and no requested timeout. FastAPI's dependency solver still took a third of the event
     loop's Python time for such a request (fastapi 0.165, cProfile, ``vit-cifar10``); without it
     the loop's CPU per request fell by about 0.2 ms on a 2-core VM (``python -m bench.loop_cpu``;
-    docs/performance.md). The handler calls :func:`serve` directly for such a request and hands
-    any other to FastAPI's own handler (``general``, when given; else it must not be called with
-    one: :class:`~service.http.direct.DirectInference` checks first), so validation, its errors
-    and the OpenAPI document (built from the endpoint's signature) are unchanged. It does not look
-    at ``app.dependency_overrides`` (the server sets none). None when ``task.Params`` has a
-    required field: every request must then be validated.
+    docs/performance.md). The handler calls :func:`serve` directly; it is given only such requests
+    (:func:`needs_validation` is checked first, by the route and by the direct path,
+    :class:`~service.http.direct.DirectInference`), and every other takes FastAPI's own handler,
+    so validation, its errors and the OpenAPI document (built from the endpoint's signature) are
+    unchanged. It does not look at ``app.dependency_overrides`` (the server sets none). None when
+    ``task.Params`` has a required field: every request must then be validated.
     """
     try:
         task.Params()
