@@ -91,7 +91,7 @@ test: $(DEV_VENV)/.installed $(SERVE_VENV)/.installed-cpu-otel tools
 	$(DEV_VENV)/bin/ruff check .
 	$(DEV_VENV)/bin/ruff format --check .
 	$(DEV_VENV)/bin/mypy
-	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider
+	$(DEV_VENV)/bin/pytest -m "" -p no:cacheprovider --durations=30
 
 # The fast subset (no slow or docker tests).
 test-fast: $(DEV_VENV)/.installed
