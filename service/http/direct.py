@@ -56,7 +56,7 @@ class DirectInference:
         app: the rest of the stack (Starlette's exception middleware and the router).
         routes: the inference router's routes (:func:`~service.http.routes.inference.build_router`);
             the app factory registers no route before them that takes ``POST`` on their paths
-            (tests/service/test_direct.py checks that the router would pick the same route).
+            (tests/service/http/test_direct.py checks that the router would pick the same route).
     """
 
     def __init__(self, app: ASGIApp, routes: Sequence[BaseRoute]) -> None:
@@ -100,10 +100,16 @@ class DirectInference:
 
 
 def _handler_for(handlers: dict[Any, Callable[..., Any]], exc: Exception) -> Callable[..., Any] | None:
-    """The exception handler Starlette's exception middleware would call for ``exc`` (the first of its
-    class's MRO registered), None for the catch-all (``Exception``, 500: the server-error middleware's)."""
-    if isinstance(exc, HTTPException) and exc.status_code in handlers:
-        return handlers[exc.status_code] if exc.status_code != 500 else None
+    """The exception handler Starlette's exception middleware would call for ``exc``, of ``handlers``
+    (``app.exception_handlers``); None where it would call none.
+
+    Starlette gives the keys ``500`` and ``Exception`` to the server-error middleware, the rest to
+    the exception middleware, which tries an ``HTTPException``'s status code first, then the first
+    class of the exception's MRO registered. (Its own default handler of ``HTTPException`` is not
+    looked for: :func:`~service.http.problems.install_handlers` registers one.)
+    """
+    if isinstance(exc, HTTPException) and exc.status_code != 500 and exc.status_code in handlers:
+        return handlers[exc.status_code]
     for cls in type(exc).__mro__:
         if cls is Exception:
             return None

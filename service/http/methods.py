@@ -80,9 +80,9 @@ class HeadAsGet:
     A HEAD request is passed on as GET when a route takes GET on its path and no route takes
     HEAD before it or with it (a route of both methods serves HEAD itself; the /v2 catch-all,
     registered last, takes any method); the response keeps its status and headers
-    (``Content-Length`` included) and sends no body. Other requests pass untouched. The
-    innermost middleware but the direct path (POST only): the access log sees the HEAD (the handler, and the metrics it
-    records, see a GET).
+    (``Content-Length`` included) and sends no body. Other requests pass untouched. Inside every
+    middleware but the direct path's (POST only): the access log sees the HEAD (the handler, and
+    the metrics it records, see a GET).
     """
 
     def __init__(self, app: ASGIApp) -> None:

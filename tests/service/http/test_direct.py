@@ -155,4 +155,4 @@ def test_exceptions_find_the_handler_starlettes_middleware_would() -> None:
     assert _handler_for(handlers, HTTPException(404)) is http
     assert _handler_for(handlers, HTTPException(418)) is teapot  # by status first, as Starlette does
     assert _handler_for(handlers, RuntimeError("bug")) is None  # the server-error middleware's
-    assert _handler_for({**handlers, 500: catch_all}, HTTPException(500)) is None
+    assert _handler_for({**handlers, 500: catch_all}, HTTPException(500)) is http  # 500: not a status handler
