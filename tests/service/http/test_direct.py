@@ -111,7 +111,9 @@ async def test_its_errors_are_the_problems_the_router_answers(routed: list[str])
     assert problem["detail"] == assert_problem(via_router, 404)["detail"]
 
 
-async def test_a_bug_of_ours_on_the_direct_path_is_still_the_500_problem(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_a_bug_of_ours_on_the_direct_path_is_still_the_500_problem(
+    monkeypatch: pytest.MonkeyPatch, routed: list[str]
+) -> None:
     from service.http.routes import inference
 
     async def broken(*args: object, **kwargs: object) -> None:
@@ -119,7 +121,9 @@ async def test_a_bug_of_ours_on_the_direct_path_is_still_the_500_problem(monkeyp
 
     monkeypatch.setattr(inference, "serve", broken)
     async with running_app() as client:
+        routed.clear()
         response = await client.post(CLASSIFY, files={"image": ("a.png", CHELSEA, "image/png")})
+        assert routed == []  # the 500 came from the direct path, not from the router's
         assert (await client.get("/readyz")).status_code == 200
     problem = assert_problem(response, 500)
     assert "simulated" not in problem["detail"]
